@@ -1,0 +1,66 @@
+# pagedkv -- plain GNU make. Everything builds on the CPU with g++ or clang++;
+# `make CXX=clang++` switches compilers. Output goes to build/ (or $(BUILD)).
+#
+#   make            every example and the test binary (CPU build)
+#   make run        the main demo
+#   make test       build and run the doctest suite
+#   make debug      the same programs at -O0 -g in build/debug (for gdb)
+#   make sanitize   the test suite under -fsanitize=address,undefined (build/asan)
+#   make bench      the CPU benchmark
+#   make clean
+
+BUILD    ?= build
+OPT      ?= -O2
+OPENMP   ?= 1
+# -ffp-contract=off: never fuse a*b+c into one FMA behind our back. Fusing
+# changes rounding, and we promise bit-identical results across paths.
+CXXFLAGS ?= $(OPT) -std=c++20 -Wall -Wextra -Werror -ffp-contract=off
+CXXFLAGS += -I.
+ifeq ($(OPENMP),1)
+CXXFLAGS += -fopenmp
+endif
+SANFLAGS ?=
+CXXFLAGS += $(SANFLAGS)
+
+HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh)
+EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
+TEST_SRCS := $(wildcard tests/*.cpp)
+TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
+DOCTEST_H := /usr/include/doctest/doctest.h
+
+.PHONY: all run test debug sanitize bench clean check-doctest
+all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
+
+$(BUILD)/%: examples/%.cpp $(HEADERS)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $< -o $@
+
+$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) | check-doctest
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/tests: $(TEST_OBJS)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+check-doctest:
+	@test -f $(DOCTEST_H) || { echo "error: $(DOCTEST_H) not found. The tests use doctest from Debian:"; \
+	  echo "    sudo apt-get update && sudo apt-get install -y doctest-dev"; exit 1; }
+
+run: $(BUILD)/generate
+	./$(BUILD)/generate -n 120 -i "once upon a time"
+
+test: $(BUILD)/tests
+	./$(BUILD)/tests
+
+bench: $(BUILD)/bench_cpu
+	./$(BUILD)/bench_cpu
+
+debug:
+	$(MAKE) BUILD=build/debug OPT="-O0 -g" all
+
+sanitize:
+	$(MAKE) BUILD=build/asan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build/asan/tests
+	./build/asan/tests
+
+clean:
+	rm -rf build

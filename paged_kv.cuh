@@ -1,0 +1,514 @@
+// paged_kv.cuh -- chapter 1: paged KV memory.
+//
+// This header is everything pagedkv knows about *where keys and values live*:
+//
+//   1. the geometry and layout of the KV cache, and the one place that turns a
+//      token position into an address (used by the CPU reference and, later, the
+//      CUDA kernel alike);
+//   2. the block pool: a free list that is also an LRU queue, reference counts,
+//      and an invariant checker the tests call after every step;
+//   3. prefix caching: chained block hashes, a hash -> block map, lazy eviction;
+//   4. block tables: growing a request's table, freeing it tail first;
+//   5. the CPU reference paged attention, which the model uses on the CPU and
+//      which is the oracle every faster kernel is tested against.
+//
+// Read it top to bottom; each section only uses what came before it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// Functions that both the CPU and a CUDA kernel call are marked PKV_HD. Under
+// nvcc that is `__host__ __device__`; under g++/clang++ it is nothing, so the very
+// same index math compiles into plain C++.
+#ifdef __CUDACC__
+#define PKV_HD __host__ __device__
+#else
+#define PKV_HD
+#endif
+
+namespace pkv {
+
+// ============================================================================
+// 1. Geometry, layout and the address of a K/V vector
+// ============================================================================
+//
+// The cache is cut into fixed-size *blocks* of `block_size` token positions.
+// A sequence never owns contiguous memory; it owns a list of block ids, its
+// *block table*. Position p of a sequence lives in logical block p / block_size,
+// which the block table maps to some physical block anywhere in the pool:
+//
+//   sequence positions   0 1 2 3 | 4 5 6 7 | 8 9            (block_size = 4)
+//   logical block        ---0--- | ---1--- | -2-
+//                           |         |       |
+//   block_table[]        [  7   ,     2   ,   5  ]          (one per sequence)
+//                           |         |       |
+//   physical blocks   0 1 2 3 4 5 6 7 ...   pool of num_blocks blocks
+//                         ^     ^   ^
+//                         |     |   +--- logical 0 (positions 0..3)
+//                         |     +------- logical 2 (positions 8..9, 2 slots unused)
+//                         +------------- logical 1 (positions 4..7)
+//
+//   slot  = block_table[p / block_size] * block_size + p % block_size
+//           e.g. p = 9 -> 5 * 4 + 1 = slot 21
+//   K of (slot, kv head h) = k_cache + (slot * num_kv_heads + h) * head_dim
+//                            -> head_dim contiguous floats (d = 0 .. head_dim-1)
+//
+// Per layer, K and V are each laid out as
+//   [num_blocks, block_size, num_kv_heads, head_dim]
+// so one token's vectors for all kv heads sit next to each other, and one head
+// vector (head_dim floats) is contiguous: the unit every attention loop reads.
+// vLLM's CUDA backend splits head_dim further ("x" packing) for 16-byte loads;
+// we keep the plain layout because it reads the same on paper and in code.
+
+struct KVGeometry {
+    int num_layers = 0;
+    int num_blocks = 0;
+    int block_size = 0;
+    int num_kv_heads = 0;
+    int head_dim = 0;
+
+    // Floats in one token slot (all kv heads) and in one block.
+    size_t floats_per_slot() const { return (size_t)num_kv_heads * head_dim; }
+    size_t floats_per_block() const { return (size_t)block_size * floats_per_slot(); }
+    // Floats of K (or of V) for one layer: [num_blocks, block_size, num_kv_heads, head_dim].
+    size_t floats_per_layer() const { return (size_t)num_blocks * floats_per_block(); }
+};
+
+// Number of blocks needed to hold `num_tokens` positions.
+PKV_HD inline int blocks_for_tokens(int num_tokens, int block_size) {
+    return (num_tokens + block_size - 1) / block_size;
+}
+
+// The slot of position `pos` of a sequence whose block table is `block_table`.
+// This is the only place in pagedkv that maps a position to memory.
+PKV_HD inline int64_t slot_of(const int32_t* block_table, int pos, int block_size) {
+    return (int64_t)block_table[pos / block_size] * block_size + pos % block_size;
+}
+
+// Offset (in floats) of the head vector of kv head `kv_head` stored in `slot`,
+// inside one layer's K or V array.
+PKV_HD inline int64_t kv_offset(int64_t slot, int kv_head, int num_kv_heads, int head_dim) {
+    return (slot * num_kv_heads + kv_head) * head_dim;
+}
+
+// The KV cache itself: one K and one V array per layer, float32.
+struct KVCache {
+    KVGeometry geo;
+    std::vector<float> k;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+    std::vector<float> v;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+
+    KVCache() = default;
+    explicit KVCache(const KVGeometry& g)
+        : geo(g), k((size_t)g.num_layers * g.floats_per_layer()), v(k.size()) {}
+
+    float* k_layer(int layer) { return k.data() + (size_t)layer * geo.floats_per_layer(); }
+    float* v_layer(int layer) { return v.data() + (size_t)layer * geo.floats_per_layer(); }
+    size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
+};
+
+// ============================================================================
+// 2. The block pool: free list = LRU queue, reference counts, invariants
+// ============================================================================
+//
+// Every physical block is in exactly one of two states:
+//   - referenced: ref_cnt > 0, held by that many block tables (more than one only
+//     when prefix caching shares a prompt prefix);
+//   - free: ref_cnt == 0 and linked into the free list.
+//
+// The free list is a doubly linked list threaded *through the blocks themselves*
+// (prev/next ids inside each block), as in vLLM V1's FreeKVCacheBlockQueue. Why
+// intrusive and doubly linked? With prefix caching a free block may still hold
+// useful cached tokens; when a new request hits it, we must pull that block out
+// of the *middle* of the free list in O(1). A std::deque cannot do that.
+//
+// The list is also the eviction order: allocation pops from the head (the least
+// recently freed block), frees append to the tail. A request's blocks are freed
+// tail first (last logical block first), so when they are later evicted, the
+// tail of a prompt goes before its head -- and heads are what other requests
+// share. That is vLLM V1's order too.
+
+struct KVBlock {
+    int32_t ref_cnt = 0;
+    // Prefix caching (section 3): set once the block is full and hashed. The hash
+    // survives the block going back to the free list ("lazy eviction") and is
+    // dropped only when the block is handed out again.
+    bool has_hash = false;
+    uint64_t block_hash = 0;
+    uint64_t parent_hash = 0;     // hash of the previous block of the same chain
+    std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
+    // Free-list links (block ids), -1 at the ends or when not in the list.
+    int32_t prev_free = -1;
+    int32_t next_free = -1;
+    bool in_free_list = false;
+};
+
+class BlockPool {
+public:
+    BlockPool() = default;
+    BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
+        : block_size_(block_size), prefix_caching_(enable_prefix_caching), blocks_(num_blocks) {
+        // Initially every block is free, in id order.
+        for (int32_t b = 0; b < num_blocks; ++b) push_free_tail(b);
+    }
+
+    int num_blocks() const { return (int)blocks_.size(); }
+    int block_size() const { return block_size_; }
+    int num_free_blocks() const { return num_free_; }
+    bool prefix_caching() const { return prefix_caching_; }
+    const KVBlock& block(int32_t id) const { return blocks_[id]; }
+    int32_t free_list_head() const { return free_head_; }
+
+    // vLLM's gauge: fraction of blocks held by some request. Free blocks that
+    // still carry a cached hash count as free (they can be taken any time).
+    double kv_cache_usage_perc() const {
+        return blocks_.empty() ? 0.0 : 1.0 - (double)num_free_ / (double)blocks_.size();
+    }
+
+    // Take `n` blocks from the head of the free list (least recently freed first).
+    // All or nothing: returns false and changes nothing when fewer than n are free.
+    // O(1) per block.
+    bool allocate(int n, std::vector<int32_t>& out) {
+        if (n > num_free_) return false;
+        for (int i = 0; i < n; ++i) {
+            int32_t b = free_head_;
+            unlink_free(b);
+            evict_hash(b);  // lazy eviction happens here, at reuse time
+            blocks_[b].ref_cnt = 1;
+            out.push_back(b);
+        }
+        return true;
+    }
+
+    // Take one more reference on blocks found in the prefix cache. A hit on a
+    // free block pulls it out of the middle of the free list (O(1)).
+    void touch(const std::vector<int32_t>& ids) {
+        for (int32_t b : ids) {
+            if (blocks_[b].ref_cnt == 0) unlink_free(b);
+            blocks_[b].ref_cnt++;
+        }
+    }
+
+    // Drop one reference on each block, in the order given. A block whose count
+    // reaches zero goes to the tail of the free list, hash kept. Callers pass a
+    // block table in reverse so that its tail is evicted first (section 4).
+    void release(const std::vector<int32_t>& ids_in_free_order) {
+        for (int32_t b : ids_in_free_order) {
+            if (--blocks_[b].ref_cnt == 0) push_free_tail(b);
+        }
+    }
+
+    // ---- section 3 hooks (prefix caching) ----------------------------------
+
+    // Tests shrink this (e.g. to 0x3) to force hash collisions and exercise the
+    // token-equality guard. 64 bits in normal use.
+    uint64_t hash_mask = ~0ull;
+
+    // Look up a full block with this chained hash whose parent hash and tokens
+    // are exactly these. Returns the block id or -1.
+    int32_t lookup(uint64_t hash, uint64_t parent_hash, const int32_t* tokens) const {
+        auto it = cached_.find(hash);
+        if (it == cached_.end()) return -1;
+        const KVBlock& blk = blocks_[it->second];
+        // The collision guard: equal hashes are not proof of equal contents.
+        if (blk.parent_hash != parent_hash) return -1;
+        if (std::memcmp(blk.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) return -1;
+        return it->second;
+    }
+
+    // Record that block `id` is full and holds `tokens`, with this chained hash.
+    // If another block already holds this hash we keep the older entry (the new
+    // block simply stays uncached): one hash, one block.
+    void cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
+        KVBlock& blk = blocks_[id];
+        if (blk.has_hash || cached_.count(hash)) return;
+        blk.has_hash = true;
+        blk.block_hash = hash;
+        blk.parent_hash = parent_hash;
+        blk.tokens.assign(tokens, tokens + block_size_);
+        cached_[hash] = id;
+    }
+
+    size_t num_cached_blocks() const { return cached_.size(); }
+
+    // ---- invariants ----------------------------------------------------------
+
+    // Check the pool against the block tables that are supposed to be its only
+    // users. Returns "" when consistent, else a description of the first
+    // violation. Tests call this after every engine step.
+    //   - every block is free xor referenced (in_free_list <=> ref_cnt == 0);
+    //   - each ref_cnt equals the number of block tables holding the block;
+    //   - the free list is a well-formed chain of num_free_ distinct blocks;
+    //   - no table holds a block twice; every hash map entry points at a block
+    //     that carries that hash.
+    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& tables) const {
+        const int n = num_blocks();
+        std::vector<int> holders(n, 0);
+        for (size_t t = 0; t < tables.size(); ++t) {
+            std::vector<char> in_this(n, 0);
+            for (int32_t b : *tables[t]) {
+                if (b < 0 || b >= n) return "table " + std::to_string(t) + " holds invalid block " + std::to_string(b);
+                if (in_this[b]) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
+                in_this[b] = 1;
+                holders[b]++;
+            }
+        }
+        for (int b = 0; b < n; ++b) {
+            const KVBlock& blk = blocks_[b];
+            if (blk.ref_cnt != holders[b])
+                return "block " + std::to_string(b) + " ref_cnt " + std::to_string(blk.ref_cnt) + " but held by " +
+                       std::to_string(holders[b]) + " tables";
+            if (blk.in_free_list != (blk.ref_cnt == 0))
+                return "block " + std::to_string(b) + " free-list membership disagrees with ref_cnt";
+        }
+        std::vector<char> seen(n, 0);
+        int count = 0;
+        int32_t prev = -1;
+        for (int32_t b = free_head_; b != -1; b = blocks_[b].next_free) {
+            if (b < 0 || b >= n || seen[b]) return "free list is corrupt (cycle or bad id) at block " + std::to_string(b);
+            if (blocks_[b].prev_free != prev) return "free list back link broken at block " + std::to_string(b);
+            if (!blocks_[b].in_free_list) return "block " + std::to_string(b) + " linked but not marked free";
+            seen[b] = 1;
+            prev = b;
+            ++count;
+        }
+        if (prev != free_tail_) return "free list tail pointer is wrong";
+        if (count != num_free_) return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(num_free_);
+        for (const auto& [h, b] : cached_)
+            if (!blocks_[b].has_hash || blocks_[b].block_hash != h) return "hash map entry points at block " + std::to_string(b) + " without that hash";
+        return "";
+    }
+
+private:
+    void push_free_tail(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        blk.prev_free = free_tail_;
+        blk.next_free = -1;
+        if (free_tail_ != -1) blocks_[free_tail_].next_free = b; else free_head_ = b;
+        free_tail_ = b;
+        blk.in_free_list = true;
+        ++num_free_;
+    }
+    void unlink_free(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        if (blk.prev_free != -1) blocks_[blk.prev_free].next_free = blk.next_free; else free_head_ = blk.next_free;
+        if (blk.next_free != -1) blocks_[blk.next_free].prev_free = blk.prev_free; else free_tail_ = blk.prev_free;
+        blk.prev_free = blk.next_free = -1;
+        blk.in_free_list = false;
+        --num_free_;
+    }
+    void evict_hash(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        if (!blk.has_hash) return;
+        auto it = cached_.find(blk.block_hash);
+        if (it != cached_.end() && it->second == b) cached_.erase(it);
+        blk.has_hash = false;
+        blk.tokens.clear();
+    }
+
+    int block_size_ = 0;
+    bool prefix_caching_ = false;
+    std::vector<KVBlock> blocks_;                   // [num_blocks]
+    std::unordered_map<uint64_t, int32_t> cached_;  // chained hash -> block id
+    int32_t free_head_ = -1, free_tail_ = -1;
+    int num_free_ = 0;
+};
+
+// ============================================================================
+// 3. Prefix caching: chained hashes of full blocks
+// ============================================================================
+//
+// A full block is identified by hash(parent block's hash, its block_size tokens).
+// Chaining makes the hash name the whole prefix, not just this block: two
+// requests that share tokens 32..47 but not 0..31 must not share block 2.
+// Only full blocks are hashed -- a partial tail block is still being written.
+//
+// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
+// hash of a Python tuple. Whatever the function, collisions are possible, which
+// is why BlockPool::lookup also compares parent hash and tokens.
+
+inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
+    uint64_t h = 1469598103934665603ull ^ parent_hash;
+    for (int i = 0; i < block_size; ++i) {
+        h ^= (uint32_t)tokens[i];
+        h *= 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h & mask;
+}
+
+// The parent hash of a sequence's first block.
+constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+
+// The longest run of cached full blocks matching the start of `tokens`.
+// The hit is capped at num_tokens - 1 tokens: the last token is always computed,
+// because its forward pass is what produces the logits we sample from. (With
+// num_tokens = 32 and block_size 16 that means one hit block, not two.)
+// Returns the hit block ids (not yet touched) in logical order.
+inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
+    std::vector<int32_t> hits;
+    if (!pool.prefix_caching() || num_tokens <= 0) return hits;
+    const int bs = pool.block_size();
+    const int max_blocks = (num_tokens - 1) / bs;
+    uint64_t parent = kRootHash;
+    for (int i = 0; i < max_blocks; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
+        int32_t id = pool.lookup(h, parent, blk_tokens);
+        if (id < 0) break;
+        hits.push_back(id);
+        parent = h;
+    }
+    return hits;
+}
+
+// ============================================================================
+// 4. Block tables: growth, caching of full blocks, tail-first free
+// ============================================================================
+//
+// A block table belongs to one request. `num_hashed` counts its leading blocks
+// already registered in the prefix cache, and `last_hash` is the chained hash of
+// the last of them, so registering the next full block is O(block_size).
+
+struct BlockTable {
+    std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
+    int num_hashed = 0;
+    uint64_t last_hash = kRootHash;
+};
+
+// How many *new* blocks a table needs to hold num_tokens positions, counting
+// prefix hits as already there. A hit on a block that sits in the free list
+// still consumes free capacity (it leaves the free list when touched), so
+// callers that ask "does this fit?" must add those: see allocate_slots.
+inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits) {
+    int n = 0;
+    for (int32_t b : hits) n += pool.block(b).ref_cnt == 0;
+    return n;
+}
+
+// Grow `table` so it can hold `num_tokens` positions. `hits` are prefix-cache
+// hits for a table that is still empty (pass {} otherwise). All or nothing:
+// returns false and changes nothing when the pool cannot supply the blocks.
+inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int num_tokens) {
+    const int have = (int)table.blocks.size() + (int)hits.size();
+    const int need_new = blocks_for_tokens(num_tokens, pool.block_size()) - have;
+    const int need_free = (need_new > 0 ? need_new : 0) + num_free_hits(pool, hits);
+    if (need_free > pool.num_free_blocks()) return false;
+    pool.touch(hits);
+    table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
+    if (!hits.empty()) {
+        // Hit blocks are already hashed; continue the chain from the last one.
+        table.num_hashed = (int)hits.size();
+        table.last_hash = pool.block(hits.back()).block_hash;
+    }
+    if (need_new > 0) pool.allocate(need_new, table.blocks);
+    return true;
+}
+
+// Register every block of `table` that is full of computed tokens. `tokens` are
+// the sequence's tokens (prompt then outputs); `num_computed` how many of them
+// have K/V written. Called after each forward step when prefix caching is on.
+inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
+    if (!pool.prefix_caching()) return;
+    const int bs = pool.block_size();
+    const int num_full = num_computed / bs;
+    for (int i = table.num_hashed; i < num_full; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
+        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
+        table.last_hash = h;
+    }
+    if (num_full > table.num_hashed) table.num_hashed = num_full;
+}
+
+// Give every block of `table` back, last logical block first (so tails are
+// evicted before the shared heads), and leave the table empty.
+inline void free_blocks(BlockPool& pool, BlockTable& table) {
+    std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
+    pool.release(reversed);
+    table = BlockTable{};
+}
+
+// ============================================================================
+// 5. Reference paged attention (CPU)
+// ============================================================================
+//
+// Input is a *flat batch* of query tokens, vLLM V1 style: prefill tokens,
+// decode tokens and recomputed tokens of many sequences side by side. For each
+// query token t:
+//   - its sequence's row of `block_tables` says where that sequence's keys are;
+//   - its own causal context length ctx = position + 1 says how many keys it
+//     sees (a prefill token at position 5 sees 6 keys, not the whole prompt);
+//   - query head h reads kv head h / (n_heads / n_kv_heads)   (GQA).
+//
+// Math, per (token, head), in float32, two-pass softmax exactly as llama2.c:
+//   score[j] = (q . k_j) / sqrt(head_dim)           j = 0 .. ctx-1
+//   p[j]     = exp(score[j] - max) / sum_j exp(...)
+//   out      = sum_j p[j] * v_j                     accumulated in order of j
+// The order of every sum is fixed and depends on nothing but this token's own
+// context, so the result does not depend on what else is in the batch. That is
+// what makes the whole engine batch-invariant.
+//
+// The caller must already have written this step's K/V into the cache (the
+// model does so with slot_mapping before calling), because a prefill token
+// attends to tokens of the same batch.
+
+struct AttentionShape {
+    int n_heads = 0;
+    int n_kv_heads = 0;
+    int head_dim = 0;
+    int block_size = 0;
+    int max_blocks_per_seq = 0;  // row stride of block_tables
+};
+
+inline void paged_attention_ref(float* out,                   // [num_tokens, n_heads, head_dim]
+                                const float* q,               // [num_tokens, n_heads, head_dim]
+                                const float* k_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const float* v_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const int32_t* block_tables,  // [num_seqs, max_blocks_per_seq]
+                                const int32_t* token_seq,     // [num_tokens] row of block_tables
+                                const int32_t* positions,     // [num_tokens] ctx = position + 1
+                                int num_tokens, const AttentionShape& s) {
+    const int group = s.n_heads / s.n_kv_heads;  // query heads per kv head
+    const float scale_div = std::sqrt((float)s.head_dim);
+    std::vector<float> score;  // [ctx] scratch
+    for (int t = 0; t < num_tokens; ++t) {
+        const int32_t* table = block_tables + (size_t)token_seq[t] * s.max_blocks_per_seq;
+        const int ctx = positions[t] + 1;
+        score.resize(ctx);
+        for (int h = 0; h < s.n_heads; ++h) {
+            const int kvh = h / group;
+            const float* qh = q + ((size_t)t * s.n_heads + h) * s.head_dim;
+            float* oh = out + ((size_t)t * s.n_heads + h) * s.head_dim;
+            // Pass 1: scores and their max.
+            float max_score = -INFINITY;
+            for (int j = 0; j < ctx; ++j) {
+                const float* kj = k_cache + kv_offset(slot_of(table, j, s.block_size), kvh, s.n_kv_heads, s.head_dim);
+                float dot = 0.0f;
+                for (int d = 0; d < s.head_dim; ++d) dot += qh[d] * kj[d];
+                score[j] = dot / scale_div;
+                if (score[j] > max_score) max_score = score[j];
+            }
+            // Pass 2: normalised exponentials.
+            float sum = 0.0f;
+            for (int j = 0; j < ctx; ++j) {
+                score[j] = std::exp(score[j] - max_score);
+                sum += score[j];
+            }
+            for (int j = 0; j < ctx; ++j) score[j] /= sum;
+            // Weighted sum of values.
+            for (int d = 0; d < s.head_dim; ++d) oh[d] = 0.0f;
+            for (int j = 0; j < ctx; ++j) {
+                const float* vj = v_cache + kv_offset(slot_of(table, j, s.block_size), kvh, s.n_kv_heads, s.head_dim);
+                for (int d = 0; d < s.head_dim; ++d) oh[d] += score[j] * vj[d];
+            }
+        }
+    }
+}
+
+}  // namespace pkv

@@ -1,0 +1,216 @@
+// tiny_model/forward_cpu.hpp -- the transformer's forward pass on the CPU, over
+// a flat batch, reading and writing the KV cache only through block tables.
+//
+// The batch is vLLM V1's shape: no [batch, seq] padding, just a list of tokens.
+// Each token carries its id, its position in its own sequence, the slot its K/V
+// go to, and which sequence (row of block_tables) it belongs to. A prefill of
+// 100 tokens, 30 decodes and a recompute chunk all travel in one list, through
+// the same code.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "paged_kv.cuh"
+#include "tiny_model/model.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. The flat batch
+// ============================================================================
+
+struct ForwardBatch {
+    std::vector<int32_t> token_ids;     // [num_tokens]
+    std::vector<int32_t> positions;     // [num_tokens] position within its sequence
+    std::vector<int64_t> slot_mapping;  // [num_tokens] where its K/V are written
+    std::vector<int32_t> token_seq;     // [num_tokens] its row in block_tables
+    std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], rows padded with -1
+    int max_blocks_per_seq = 0;
+    std::vector<int32_t> logits_indices;  // [num_logits] tokens whose logits are wanted
+
+    int num_tokens() const { return (int)token_ids.size(); }
+    int num_seqs() const { return max_blocks_per_seq ? (int)block_tables.size() / max_blocks_per_seq : 0; }
+
+    // Append `n` tokens of one sequence that start at position `first_pos`.
+    // `table` must already cover positions up to first_pos + n - 1. With
+    // want_logits, the last of these tokens gets a row of logits.
+    void add_sequence(const std::vector<int32_t>& table, int block_size, const int32_t* tokens, int first_pos, int n,
+                      bool want_logits) {
+        if (blocks_for_tokens(first_pos + n, block_size) > (int)table.size())
+            throw std::logic_error("add_sequence: block table too short for its tokens");
+        const int seq = num_seqs();
+        if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
+        block_tables.resize(block_tables.size() + max_blocks_per_seq, -1);
+        std::copy(table.begin(), table.end(), block_tables.end() - max_blocks_per_seq);
+        const int32_t* row = block_tables.data() + (size_t)seq * max_blocks_per_seq;
+        for (int i = 0; i < n; ++i) {
+            token_ids.push_back(tokens[i]);
+            positions.push_back(first_pos + i);
+            slot_mapping.push_back(slot_of(row, first_pos + i, block_size));
+            token_seq.push_back(seq);
+        }
+        if (want_logits) logits_indices.push_back(num_tokens() - 1);
+    }
+
+private:
+    // Widen every row to `width` columns (a longer table arrived).
+    void repad(int width) {
+        const int rows = num_seqs();
+        std::vector<int32_t> wide((size_t)rows * width, -1);
+        for (int r = 0; r < rows; ++r)
+            std::copy_n(block_tables.begin() + (size_t)r * max_blocks_per_seq, max_blocks_per_seq, wide.begin() + (size_t)r * width);
+        block_tables.swap(wide);
+        max_blocks_per_seq = width;
+    }
+};
+
+// ============================================================================
+// 2. Building blocks, each computed exactly as llama2.c's run.c does
+// ============================================================================
+
+// Dot product of two contiguous rows with eight independent accumulators.
+// Eight partial sums let the CPU keep several multiply-adds in flight (and let
+// the compiler use one 8-wide vector register) instead of waiting on one long
+// dependency chain. The order of additions is fixed by n alone -- never by the
+// batch -- which is what batch invariance rests on.
+inline float dot(const float* w, const float* x, int n) {
+    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        a0 += w[j] * x[j];         a1 += w[j + 1] * x[j + 1];
+        a2 += w[j + 2] * x[j + 2]; a3 += w[j + 3] * x[j + 3];
+        a4 += w[j + 4] * x[j + 4]; a5 += w[j + 5] * x[j + 5];
+        a6 += w[j + 6] * x[j + 6]; a7 += w[j + 7] * x[j + 7];
+    }
+    float sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    for (; j < n; ++j) sum += w[j] * x[j];
+    return sum;
+}
+
+// out[t][o] = W[o] . x[t] for every token t: W is [d][n], x is [T][n], out [T][d].
+// Output rows are split across OpenMP threads; each element is still one dot()
+// by one thread, so threading does not change a single bit of the result.
+// Looping tokens inside the row keeps that row of W hot in L1 while every
+// token of the batch uses it -- the reason batching is cheaper per token.
+inline void matmul(float* out, const float* x, const float* W, int T, int n, int d) {
+#pragma omp parallel for schedule(static) if ((long)T * n * d > 200000)
+    for (int o = 0; o < d; ++o) {
+        const float* row = W + (size_t)o * n;
+        for (int t = 0; t < T; ++t) out[(size_t)t * d + o] = dot(row, x + (size_t)t * n, n);
+    }
+}
+
+// RMSNorm with eps 1e-5: o = w * x / sqrt(mean(x^2) + eps).
+inline void rmsnorm(float* o, const float* x, const float* weight, int n) {
+    float ss = 0.0f;
+    for (int j = 0; j < n; ++j) ss += x[j] * x[j];
+    ss /= n;
+    ss += 1e-5f;
+    ss = 1.0f / std::sqrt(ss);
+    for (int j = 0; j < n; ++j) o[j] = weight[j] * (ss * x[j]);
+}
+
+// RoPE on interleaved pairs (2i, 2i+1) of each head, theta 10000: rotate the pair
+// by angle pos * 10000^(-2i/head_dim). `vec` holds `n` floats (all heads).
+inline void rope(float* vec, int n, int head_dim, int pos) {
+    for (int i = 0; i < n; i += 2) {
+        const int hd = i % head_dim;
+        const float freq = 1.0f / std::pow(10000.0f, hd / (float)head_dim);
+        const float val = pos * freq;
+        const float fcr = std::cos(val), fci = std::sin(val);
+        const float v0 = vec[i], v1 = vec[i + 1];
+        vec[i] = v0 * fcr - v1 * fci;
+        vec[i + 1] = v0 * fci + v1 * fcr;
+    }
+}
+
+// ============================================================================
+// 3. The forward pass
+// ============================================================================
+//
+// Per layer, for all T tokens at once:
+//   xb = rmsnorm(x)                        [T, dim]
+//   q, k, v = xb Wq^T, xb Wk^T, xb Wv^T     [T, dim], [T, kv_dim], [T, kv_dim]
+//   rope(q), rope(k) at each token's position
+//   K/V cache[slot_mapping[t]] = k[t], v[t]  <- the only write to the cache
+//   att = paged_attention(q, cache, block tables)   <- the only read
+//   x += att Wo^T
+//   x += W2 (silu(xb2 W1^T) * xb2 W3^T)      with xb2 = rmsnorm(x)
+// then logits = rmsnorm(x) Wcls^T for the tokens in logits_indices only.
+
+struct CpuForward {
+    const Model& model;
+    KVCache& cache;
+    // Scratch, sized for the largest batch seen. [T, ...] each.
+    std::vector<float> x, xb, q, k, v, att, hb, hb2;
+
+    CpuForward(const Model& m, KVCache& c) : model(m), cache(c) {}
+
+    // Runs the batch; fills logits [num_logits, vocab_size].
+    void forward(const ForwardBatch& b, std::vector<float>& logits) {
+        const Config& c = model.cfg;
+        const Weights& w = model.w;
+        const int T = b.num_tokens(), D = c.dim, KV = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim();
+        if (cache.geo.num_kv_heads != c.n_kv_heads || cache.geo.head_dim != hd || cache.geo.num_layers != c.n_layers)
+            throw std::logic_error("KV cache geometry does not match the model");
+        for (int t = 0; t < T; ++t)
+            if (b.token_ids[t] < 0 || b.token_ids[t] >= c.vocab_size || b.positions[t] < 0 || b.positions[t] >= c.seq_len)
+                throw std::out_of_range("forward: token id or position out of range");
+        x.resize((size_t)T * D); xb.resize((size_t)T * D); q.resize((size_t)T * D);
+        k.resize((size_t)T * KV); v.resize((size_t)T * KV); att.resize((size_t)T * D);
+        hb.resize((size_t)T * H); hb2.resize((size_t)T * H);
+
+        for (int t = 0; t < T; ++t)
+            std::copy_n(w.token_embedding.data() + (size_t)b.token_ids[t] * D, D, x.data() + (size_t)t * D);
+
+        AttentionShape shape{c.n_heads, c.n_kv_heads, hd, cache.geo.block_size, b.max_blocks_per_seq};
+        for (int l = 0; l < c.n_layers; ++l) {
+            // Attention block.
+            for (int t = 0; t < T; ++t) rmsnorm(&xb[(size_t)t * D], &x[(size_t)t * D], &w.rms_att[(size_t)l * D], D);
+            matmul(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
+            matmul(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
+            matmul(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
+            float* kc = cache.k_layer(l);  // [num_blocks, block_size, n_kv_heads, head_dim]
+            float* vc = cache.v_layer(l);
+            for (int t = 0; t < T; ++t) {
+                rope(&q[(size_t)t * D], D, hd, b.positions[t]);
+                rope(&k[(size_t)t * KV], KV, hd, b.positions[t]);
+                // reshape_and_cache: one slot holds all kv heads of one token.
+                for (int h = 0; h < c.n_kv_heads; ++h) {
+                    const int64_t off = kv_offset(b.slot_mapping[t], h, c.n_kv_heads, hd);
+                    std::copy_n(&k[(size_t)t * KV + (size_t)h * hd], hd, kc + off);
+                    std::copy_n(&v[(size_t)t * KV + (size_t)h * hd], hd, vc + off);
+                }
+            }
+            paged_attention_ref(att.data(), q.data(), kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, shape);
+            matmul(xb.data(), att.data(), &w.wo[(size_t)l * D * D], T, D, D);
+            for (size_t i = 0; i < (size_t)T * D; ++i) x[i] += xb[i];
+
+            // Feed-forward block (SwiGLU).
+            for (int t = 0; t < T; ++t) rmsnorm(&xb[(size_t)t * D], &x[(size_t)t * D], &w.rms_ffn[(size_t)l * D], D);
+            matmul(hb.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
+            matmul(hb2.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);
+            for (size_t i = 0; i < (size_t)T * H; ++i) {
+                float val = hb[i];
+                val *= (1.0f / (1.0f + std::exp(-val)));  // silu
+                hb[i] = val * hb2[i];
+            }
+            matmul(xb.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D);
+            for (size_t i = 0; i < (size_t)T * D; ++i) x[i] += xb[i];
+        }
+
+        // Final norm and classifier, only where logits are wanted.
+        const int NL = (int)b.logits_indices.size();
+        std::vector<float> xl((size_t)NL * D);  // [num_logits, dim]
+        for (int i = 0; i < NL; ++i)
+            rmsnorm(&xl[(size_t)i * D], &x[(size_t)b.logits_indices[i] * D], w.rms_final.data(), D);
+        logits.resize((size_t)NL * c.vocab_size);
+        matmul(logits.data(), xl.data(), model.classifier(), NL, D, c.vocab_size);
+    }
+};
+
+}  // namespace pkv

@@ -1,0 +1,250 @@
+// tiny_model/model.hpp -- the model's shape and weights: a built-in random model,
+// and llama2.c legacy checkpoints (load and save).
+//
+// The architecture is Llama as llama2.c's run.c computes it; the forward pass is
+// in tiny_model/forward_cpu.hpp. This file is only about numbers on disk and in
+// memory.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pkv {
+
+// Every model or tokenizer file problem is reported as one of these, with the
+// file name and what is wrong, so programs print it and exit instead of crashing.
+struct FileError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// ============================================================================
+// 1. Config: the seven numbers of a llama2.c header
+// ============================================================================
+
+struct Config {
+    int dim = 0;         // residual stream width
+    int hidden_dim = 0;  // SwiGLU inner width
+    int n_layers = 0;
+    int n_heads = 0;     // query heads
+    int n_kv_heads = 0;  // key/value heads (GQA when fewer than n_heads)
+    int vocab_size = 0;
+    int seq_len = 0;     // the model's context length
+    bool shared_classifier = true;  // logits use the embedding table (llama2.c: vocab_size > 0 in the header)
+
+    int head_dim() const { return dim / n_heads; }
+    int kv_dim() const { return n_kv_heads * head_dim(); }
+
+    // "" when the shape is usable, else what is wrong with it.
+    std::string problem() const {
+        if (dim <= 0 || hidden_dim <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 || vocab_size <= 0 || seq_len <= 0)
+            return "header has a zero or negative size (dim " + std::to_string(dim) + ", hidden_dim " + std::to_string(hidden_dim) +
+                   ", n_layers " + std::to_string(n_layers) + ", n_heads " + std::to_string(n_heads) + ", n_kv_heads " +
+                   std::to_string(n_kv_heads) + ", vocab_size " + std::to_string(vocab_size) + ", seq_len " + std::to_string(seq_len) + ")";
+        if (dim % n_heads != 0) return "dim " + std::to_string(dim) + " is not divisible by n_heads " + std::to_string(n_heads);
+        if (n_heads % n_kv_heads != 0) return "n_heads " + std::to_string(n_heads) + " is not divisible by n_kv_heads " + std::to_string(n_kv_heads);
+        if (head_dim() % 2 != 0) return "head_dim " + std::to_string(head_dim()) + " is odd (RoPE rotates pairs)";
+        // Sizes this large are corrupt headers, not models we could hold anyway.
+        if (dim > (1 << 16) || hidden_dim > (1 << 18) || n_layers > 4096 || vocab_size > (1 << 22) || seq_len > (1 << 22))
+            return "header sizes are implausibly large (corrupt file?)";
+        return "";
+    }
+};
+
+// ============================================================================
+// 2. Weights, in llama2.c's order and layout (matrices are [out][in])
+// ============================================================================
+//
+// A matrix W with shape [out][in] is applied as y[o] = sum_i W[o][i] * x[i]:
+// each output is a dot product with one contiguous row, the loop the CPU
+// forward is built around.
+
+struct Weights {
+    std::vector<float> token_embedding;  // [vocab_size, dim]
+    std::vector<float> rms_att;          // [n_layers, dim]
+    std::vector<float> wq;               // [n_layers, n_heads * head_dim, dim]
+    std::vector<float> wk;               // [n_layers, kv_dim, dim]
+    std::vector<float> wv;               // [n_layers, kv_dim, dim]
+    std::vector<float> wo;               // [n_layers, dim, n_heads * head_dim]
+    std::vector<float> rms_ffn;          // [n_layers, dim]
+    std::vector<float> w1;               // [n_layers, hidden_dim, dim]  gate
+    std::vector<float> w2;               // [n_layers, dim, hidden_dim]  down
+    std::vector<float> w3;               // [n_layers, hidden_dim, dim]  up
+    std::vector<float> rms_final;        // [dim]
+    std::vector<float> wcls;             // [vocab_size, dim], empty when the classifier is shared
+};
+
+struct Model {
+    Config cfg;
+    Weights w;
+    const float* classifier() const { return cfg.shared_classifier ? w.token_embedding.data() : w.wcls.data(); }
+};
+
+// The tensors of a checkpoint in file order, each with its element count. One
+// list used by load, save and the size check, so they cannot disagree.
+struct TensorRef {
+    std::vector<float>* data;  // nullptr: the legacy RoPE tables, skipped on load
+    size_t count;
+};
+inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
+    const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
+    const size_t rope = (size_t)c.seq_len * c.head_dim() / 2;
+    std::vector<TensorRef> t = {
+        {&w.token_embedding, V * D}, {&w.rms_att, L * D}, {&w.wq, L * D * D}, {&w.wk, L * KV * D},
+        {&w.wv, L * KV * D},         {&w.wo, L * D * D},  {&w.rms_ffn, L * D}, {&w.w1, L * H * D},
+        {&w.w2, L * D * H},          {&w.w3, L * H * D},  {&w.rms_final, D},   {nullptr, rope},  // freq_cis_real
+        {nullptr, rope},  // freq_cis_imag
+    };
+    if (!c.shared_classifier) t.push_back({&w.wcls, V * D});
+    return t;
+}
+
+// ============================================================================
+// 3. The built-in model: random weights from a seed, no file needed
+// ============================================================================
+//
+// A random transformer still computes a real, deterministic function of its
+// context: good enough to exercise every code path and to watch an engine
+// schedule it. Two choices make its greedy output read like varied words rather
+// than one token repeated:
+//   - weights are N(0, gain / sqrt(fan_in)) with a gain a little above 1, so the
+//     residual stream and attention actually move with the context;
+//   - the embedding rows of byte and sub-word tokens are scaled down (by the
+//     `row_scale` the tokenizer supplies), and the classifier is shared, so a
+//     whole-word token wins the argmax far more often.
+
+// splitmix64: a tiny, well-mixed 64-bit generator. Also used for sampling.
+inline uint64_t splitmix64(uint64_t& state) {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// Uniform in [0, 1) with 24 random bits (exactly representable in float).
+inline float uniform01(uint64_t& state) { return (float)(splitmix64(state) >> 40) * (1.0f / 16777216.0f); }
+
+inline Config builtin_config(int vocab_size) {
+    Config c;
+    c.dim = 128;
+    c.hidden_dim = 384;
+    c.n_layers = 4;
+    c.n_heads = 8;
+    c.n_kv_heads = 4;
+    c.vocab_size = vocab_size;
+    c.seq_len = 1024;
+    c.shared_classifier = true;
+    return c;
+}
+
+// `row_scale[v]` multiplies embedding row v (empty: all 1).
+inline Model make_random_model(const Config& c, uint64_t seed, const std::vector<float>& row_scale = {}) {
+    Model m;
+    m.cfg = c;
+    uint64_t rng = seed;
+    // Box-Muller from two uniforms; deterministic for a given seed on any machine.
+    auto gauss = [&]() {
+        float u1 = uniform01(rng) + 1e-7f, u2 = uniform01(rng);
+        return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    };
+    auto fill = [&](std::vector<float>& v, size_t n, int fan_in, float gain) {
+        v.resize(n);
+        const float sd = gain / std::sqrt((float)fan_in);
+        for (float& x : v) x = gauss() * sd;
+    };
+    auto ones = [&](std::vector<float>& v, size_t n) { v.assign(n, 1.0f); };
+    Weights& w = m.w;
+    const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
+    fill(w.token_embedding, V * D, 1, 1.0f);
+    for (size_t v = 0; v < row_scale.size() && v < V; ++v)
+        for (size_t d = 0; d < D; ++d) w.token_embedding[v * D + d] *= row_scale[v];
+    ones(w.rms_att, L * D);
+    fill(w.wq, L * D * D, c.dim, 1.5f);
+    fill(w.wk, L * KV * D, c.dim, 1.5f);
+    fill(w.wv, L * KV * D, c.dim, 1.0f);
+    fill(w.wo, L * D * D, c.dim, 1.0f);
+    ones(w.rms_ffn, L * D);
+    fill(w.w1, L * H * D, c.dim, 1.0f);
+    fill(w.w2, L * D * H, c.hidden_dim, 1.0f);
+    fill(w.w3, L * H * D, c.dim, 1.0f);
+    ones(w.rms_final, D);
+    if (!c.shared_classifier) fill(w.wcls, V * D, c.dim, 1.0f);
+    return m;
+}
+
+// ============================================================================
+// 4. llama2.c legacy checkpoints (version 0 / "legacy_export")
+// ============================================================================
+//
+// File layout:
+//   int32 dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
+//   float32 tensors, each stored whole for all layers, in checkpoint_tensors()
+//   order: embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final,
+//   two legacy RoPE tables [seq_len, head_dim/2] (cos, sin; we recompute RoPE and
+//   skip them), then wcls only when vocab_size < 0 (negative = separate classifier).
+// We require the file size to match the header exactly: a truncated download or
+// a header from another format is caught here, not as garbage logits later.
+
+inline Model load_checkpoint(const std::string& path) {
+    std::ifstream f(path, std::ios::binary | std::ios::ate);
+    if (!f) throw FileError(path + ": cannot open checkpoint");
+    const uint64_t file_size = (uint64_t)f.tellg();
+    f.seekg(0);
+    int32_t hdr[7];
+    if (file_size < sizeof(hdr) || !f.read(reinterpret_cast<char*>(hdr), sizeof(hdr)))
+        throw FileError(path + ": truncated checkpoint (" + std::to_string(file_size) + " bytes, the header alone is 28)");
+    Model m;
+    Config& c = m.cfg;
+    c.dim = hdr[0]; c.hidden_dim = hdr[1]; c.n_layers = hdr[2]; c.n_heads = hdr[3];
+    c.n_kv_heads = hdr[4]; c.seq_len = hdr[6];
+    c.shared_classifier = hdr[5] > 0;
+    c.vocab_size = hdr[5] == INT32_MIN ? 0 : std::abs(hdr[5]);
+    if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": " + p);
+    auto tensors = checkpoint_tensors(c, m.w);
+    uint64_t expect = sizeof(hdr);
+    for (const auto& t : tensors) expect += t.count * sizeof(float);
+    if (expect != file_size)
+        throw FileError(path + ": file size " + std::to_string(file_size) + " bytes does not match its header, which needs " +
+                        std::to_string(expect) + " bytes (truncated, or not a llama2.c legacy checkpoint)");
+    std::vector<float> skip;
+    for (const auto& t : tensors) {
+        std::vector<float>& dst = t.data ? *t.data : skip;
+        dst.resize(t.count);
+        if (!f.read(reinterpret_cast<char*>(dst.data()), (std::streamsize)(t.count * sizeof(float))))
+            throw FileError(path + ": read failed");
+    }
+    return m;
+}
+
+inline void save_checkpoint(const std::string& path, const Model& m) {
+    const Config& c = m.cfg;
+    if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": refusing to save: " + p);
+    std::ofstream f(path, std::ios::binary);
+    if (!f) throw FileError(path + ": cannot create checkpoint");
+    int32_t hdr[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                      c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len};
+    f.write(reinterpret_cast<const char*>(hdr), sizeof(hdr));
+    // The legacy RoPE tables, written as llama2.c's export does, for readers
+    // that still use them: cos and sin of pos * theta^(-2i/head_dim).
+    const int half = c.head_dim() / 2;
+    std::vector<float> rope_cos((size_t)c.seq_len * half), rope_sin(rope_cos.size());
+    for (int p = 0; p < c.seq_len; ++p)
+        for (int i = 0; i < half; ++i) {
+            double freq = 1.0 / std::pow(10000.0, (2.0 * i) / c.head_dim());
+            rope_cos[(size_t)p * half + i] = (float)std::cos(p * freq);
+            rope_sin[(size_t)p * half + i] = (float)std::sin(p * freq);
+        }
+    Weights& w = const_cast<Weights&>(m.w);  // checkpoint_tensors only reads through it here
+    int rope_index = 0;
+    for (const auto& t : checkpoint_tensors(c, w)) {
+        const std::vector<float>& src = t.data ? *t.data : (rope_index++ == 0 ? rope_cos : rope_sin);
+        if (src.size() != t.count) throw FileError(path + ": refusing to save: a tensor has the wrong size for the config");
+        f.write(reinterpret_cast<const char*>(src.data()), (std::streamsize)(t.count * sizeof(float)));
+    }
+    if (!f) throw FileError(path + ": write failed");
+}
+
+}  // namespace pkv

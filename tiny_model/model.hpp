@@ -113,9 +113,12 @@ inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
 // than one token repeated:
 //   - weights are N(0, gain / sqrt(fan_in)) with a gain a little above 1, so the
 //     residual stream and attention actually move with the context;
-//   - the embedding rows of byte and sub-word tokens are scaled down (by the
-//     `row_scale` the tokenizer supplies), and the classifier is shared, so a
-//     whole-word token wins the argmax far more often.
+//   - the classifier is separate from the embedding. With a shared one, the
+//     logit of the current token is |e|^2 -- by far the largest -- and a random
+//     model says "time time time ..." forever (we tried);
+//   - the classifier rows of byte and sub-word tokens are scaled down (by the
+//     `row_scale` the tokenizer supplies), so a whole-word token wins the argmax
+//     far more often and the stream reads as words.
 
 // splitmix64: a tiny, well-mixed 64-bit generator. Also used for sampling.
 inline uint64_t splitmix64(uint64_t& state) {
@@ -136,11 +139,11 @@ inline Config builtin_config(int vocab_size) {
     c.n_kv_heads = 4;
     c.vocab_size = vocab_size;
     c.seq_len = 1024;
-    c.shared_classifier = true;
+    c.shared_classifier = false;
     return c;
 }
 
-// `row_scale[v]` multiplies embedding row v (empty: all 1).
+// `row_scale[v]` multiplies classifier row v (empty: all 1).
 inline Model make_random_model(const Config& c, uint64_t seed, const std::vector<float>& row_scale = {}) {
     Model m;
     m.cfg = c;
@@ -159,8 +162,6 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     Weights& w = m.w;
     const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
     fill(w.token_embedding, V * D, 1, 1.0f);
-    for (size_t v = 0; v < row_scale.size() && v < V; ++v)
-        for (size_t d = 0; d < D; ++d) w.token_embedding[v * D + d] *= row_scale[v];
     ones(w.rms_att, L * D);
     fill(w.wq, L * D * D, c.dim, 1.5f);
     fill(w.wk, L * KV * D, c.dim, 1.5f);
@@ -172,6 +173,9 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     fill(w.w3, L * H * D, c.dim, 1.0f);
     ones(w.rms_final, D);
     if (!c.shared_classifier) fill(w.wcls, V * D, c.dim, 1.0f);
+    std::vector<float>& cls = c.shared_classifier ? w.token_embedding : w.wcls;
+    for (size_t v = 0; v < row_scale.size() && v < V; ++v)
+        for (size_t d = 0; d < D; ++d) cls[v * D + d] *= row_scale[v];
     return m;
 }
 

@@ -7,6 +7,7 @@
 // byte run.c's. The difference is underneath: the prompt is prefilled in one
 // batch, and the KV cache is a pool of blocks that this one sequence grows into
 // block by block, exactly as a sequence inside the engine does.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <ctime>
 #include <string>
 
+#include "examples/cli.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/sampler.hpp"
@@ -38,29 +40,11 @@ void usage(FILE* out) {
                  "  --help              this text\n");
 }
 
-[[noreturn]] void bad_usage(const std::string& msg) {
-    std::fprintf(stderr, "generate: %s\n\n", msg.c_str());
-    usage(stderr);
-    std::exit(2);
-}
-
-// Strict number parsing: "12x" is an error, not 12.
-long parse_int(const char* flag, const char* s) {
-    char* end = nullptr;
-    long v = std::strtol(s, &end, 10);
-    if (end == s || *end != '\0') bad_usage(std::string(flag) + " expects an integer, got '" + s + "'");
-    return v;
-}
-float parse_float(const char* flag, const char* s) {
-    char* end = nullptr;
-    float v = std::strtof(s, &end);
-    if (end == s || *end != '\0') bad_usage(std::string(flag) + " expects a number, got '" + s + "'");
-    return v;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+    cli::program = "generate";
+    cli::print_usage = usage;
     std::string checkpoint, tokenizer_path, prompt;
     float temperature = 1.0f, top_p = 0.9f;
     unsigned long long seed = 0;
@@ -71,27 +55,28 @@ int main(int argc, char** argv) {
         const std::string a = argv[i];
         if (a == "--help" || a == "-h") { usage(stdout); return 0; }
         if (a[0] != '-') {
-            if (!checkpoint.empty()) bad_usage("more than one checkpoint given ('" + checkpoint + "' and '" + a + "')");
+            if (!checkpoint.empty()) cli::bad_usage("more than one checkpoint given ('" + checkpoint + "' and '" + a + "')");
             checkpoint = a;
             continue;
         }
-        if (i + 1 >= argc) bad_usage("option " + a + " needs a value");
+        static const char* const kFlags[] = {"-t", "-p", "-s", "-n", "-i", "-z", "--num-blocks", "--block-size"};
+        if (std::find(std::begin(kFlags), std::end(kFlags), a) == std::end(kFlags)) cli::bad_usage("unknown option " + a);
+        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
         const char* val = argv[++i];
-        if (a == "-t") temperature = parse_float("-t", val);
-        else if (a == "-p") top_p = parse_float("-p", val);
-        else if (a == "-s") seed = (unsigned long long)parse_int("-s", val);
-        else if (a == "-n") steps = parse_int("-n", val);
+        if (a == "-t") temperature = (float)cli::parse_float("-t", val);
+        else if (a == "-p") top_p = (float)cli::parse_float("-p", val);
+        else if (a == "-s") seed = (unsigned long long)cli::parse_int("-s", val);
+        else if (a == "-n") steps = cli::parse_int("-n", val);
         else if (a == "-i") prompt = val;
         else if (a == "-z") tokenizer_path = val;
-        else if (a == "--num-blocks") num_blocks = parse_int("--num-blocks", val);
-        else if (a == "--block-size") block_size = parse_int("--block-size", val);
-        else bad_usage("unknown option " + a);
+        else if (a == "--num-blocks") num_blocks = cli::parse_int("--num-blocks", val);
+        else if (a == "--block-size") block_size = cli::parse_int("--block-size", val);
     }
     // run.c's parameter clean-up.
     if (seed == 0) seed = (unsigned int)std::time(nullptr);
     if (temperature < 0.0f) temperature = 0.0f;
     if (top_p < 0.0f || 1.0f < top_p) top_p = 0.9f;
-    if (block_size <= 0 || block_size > 4096) bad_usage("--block-size must be in 1..4096");
+    if (block_size <= 0 || block_size > 4096) cli::bad_usage("--block-size must be in 1..4096");
 
     pkv::ModelAndTokenizer mt;
     try {

@@ -1,0 +1,352 @@
+// examples/overload.cpp -- what `make run` runs: many requests, a KV cache that
+// is deliberately too small for them, and everything that follows.
+//
+// All requests arrive at once. Admission bets on their prompts; as they grow
+// the free list drains, the newest running request is preempted, its stream
+// pauses, and later it comes back and recomputes prompt + outputs. Every
+// request still finishes. The output shows it three ways:
+//   1. lanes: one line per engine step, one column per request
+//        p prefill chunk    . token emitted    X preempted this step
+//        ~ paused (waiting after preemption)   R resumed: recompute started
+//        $ finished         (blank: not admitted yet, or done)
+//   2. the streams of a few preempted requests as a client read them, with the
+//      pause marked where it happened;
+//   3. the metrics table, with the signals: preemptions, recomputed tokens,
+//      KV-cache usage, inter-token latency p99 against the median.
+//
+// --json prints one JSON object instead (every request and the metrics).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "engine.hpp"
+#include "examples/cli.hpp"
+#include "tiny_model/tokenizer.hpp"
+
+namespace {
+
+struct Options {
+    std::string checkpoint, tokenizer;
+    int num_blocks = 40, block_size = 16, requests = 24, max_num_seqs = 16, max_num_batched_tokens = 256;
+    int max_tokens = 96, prompt_len = 32, max_waiting = 0, max_model_len = 0;
+    bool prefix_caching = false, json = false, lanes = true;
+    pkv::Admission admission = pkv::Admission::kBet;
+    uint64_t seed = 1;
+    double temperature = 0.0;
+    double log_interval = 0.2;
+};
+
+void usage(FILE* out) {
+    Options d;
+    std::fprintf(out,
+                 "Usage: overload [checkpoint.bin -z tokenizer.bin] [options]\n"
+                 "  Many requests on a deliberately small KV cache (built-in model by default).\n"
+                 "  --num-blocks N              KV cache blocks (default %d)\n"
+                 "  --block-size N              tokens per block (default %d)\n"
+                 "  --requests N                requests, all arriving at once (default %d)\n"
+                 "  --max-num-seqs N            running requests at most (default %d)\n"
+                 "  --max-num-batched-tokens N  token budget per step (default %d)\n"
+                 "  --max-tokens N              output tokens per request (default %d)\n"
+                 "  --prompt-len N              prompt tokens per request, incl. BOS (default %d)\n"
+                 "  --max-model-len N           longest sequence (default: model context capped to the pool)\n"
+                 "  --prefix-caching on|off     (default off)\n"
+                 "  --admission bet|reserve     page on demand, or reserve prompt+max_tokens (default bet)\n"
+                 "  --max-waiting N             shed load: reject when N are waiting (default 0 = never)\n"
+                 "  --temperature T             0 = greedy (default 0); sampling is seeded per request\n"
+                 "  --seed N                    workload and sampling seed (default 1)\n"
+                 "  --no-lanes                  skip the per-step lanes\n"
+                 "  --log-interval S            seconds between INFO log lines on stderr (default 0.2; 0 = off)\n"
+                 "  --json                      one JSON object on stdout (requests + metrics), nothing else\n"
+                 "  -z FILE                     tokenizer for a checkpoint\n",
+                 d.num_blocks, d.block_size, d.requests, d.max_num_seqs, d.max_num_batched_tokens, d.max_tokens, d.prompt_len);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
+        if (a == "--json") { o.json = true; continue; }
+        if (a == "--no-lanes") { o.lanes = false; continue; }
+        if (a[0] != '-') {
+            if (!o.checkpoint.empty()) cli::bad_usage("more than one checkpoint given");
+            o.checkpoint = a;
+            continue;
+        }
+        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
+        const char* v = argv[++i];
+        if (a == "--num-blocks") o.num_blocks = (int)cli::parse_int(a, v);
+        else if (a == "--block-size") o.block_size = (int)cli::parse_int(a, v);
+        else if (a == "--requests") o.requests = (int)cli::parse_int(a, v);
+        else if (a == "--max-num-seqs") o.max_num_seqs = (int)cli::parse_int(a, v);
+        else if (a == "--max-num-batched-tokens") o.max_num_batched_tokens = (int)cli::parse_int(a, v);
+        else if (a == "--max-tokens") o.max_tokens = (int)cli::parse_int(a, v);
+        else if (a == "--prompt-len") o.prompt_len = (int)cli::parse_int(a, v);
+        else if (a == "--max-model-len") o.max_model_len = (int)cli::parse_int(a, v);
+        else if (a == "--max-waiting") o.max_waiting = (int)cli::parse_int(a, v);
+        else if (a == "--seed") o.seed = (uint64_t)cli::parse_int(a, v);
+        else if (a == "--temperature") o.temperature = cli::parse_float(a, v);
+        else if (a == "--log-interval") o.log_interval = cli::parse_float(a, v);
+        else if (a == "--prefix-caching") o.prefix_caching = cli::parse_on_off(a, v);
+        else if (a == "--admission") {
+            if (std::string(v) == "bet") o.admission = pkv::Admission::kBet;
+            else if (std::string(v) == "reserve") o.admission = pkv::Admission::kReserve;
+            else cli::bad_usage("--admission expects bet or reserve");
+        } else if (a == "-z") o.tokenizer = v;
+        else cli::bad_usage("unknown option " + a);
+    }
+    if (o.requests < 1 || o.prompt_len < 1 || o.max_tokens < 1 || o.temperature < 0)
+        cli::bad_usage("--requests, --prompt-len and --max-tokens must be >= 1, --temperature >= 0");
+    return o;
+}
+
+// Prompt i: BOS, then words drawn with a per-request seed, cut to exactly `len`
+// tokens. Works with any tokenizer; the words come from the built-in list.
+std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint64_t seed) {
+    uint64_t rng = seed;
+    std::string text;
+    std::vector<int> ids = tok.encode(text, true);
+    const int num_words = (int)(sizeof(pkv::kBuiltinWords) / sizeof(pkv::kBuiltinWords[0]));
+    while ((int)ids.size() < len) {
+        text += (text.empty() ? "" : " ") + std::string(pkv::kBuiltinWords[pkv::splitmix64(rng) % num_words]);
+        ids = tok.encode(text, true);
+    }
+    ids.resize(len);
+    return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+std::string json_escape(const std::string& s) {
+    std::string o;
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') { o += '\\'; o += (char)c; }
+        else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); o += b; }
+        else o += (char)c;
+    }
+    return o;
+}
+
+template <class T>
+std::string json_array(const T& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    cli::program = "overload";
+    cli::print_usage = usage;
+    const Options opt = parse(argc, argv);
+
+    pkv::ModelAndTokenizer mt;
+    try {
+        mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
+    } catch (const pkv::FileError& e) {
+        std::fprintf(stderr, "overload: %s\n", e.what());
+        return 1;
+    }
+    pkv::EngineConfig ec;
+    ec.num_blocks = opt.num_blocks;
+    ec.block_size = opt.block_size;
+    ec.enable_prefix_caching = opt.prefix_caching;
+    ec.sched.max_num_seqs = opt.max_num_seqs;
+    ec.sched.max_num_batched_tokens = opt.max_num_batched_tokens;
+    ec.sched.max_model_len = opt.max_model_len;
+    ec.sched.admission = opt.admission;
+    ec.sched.max_waiting = opt.max_waiting;
+    ec.log_interval_s = opt.log_interval;
+    std::unique_ptr<pkv::Engine> engine;
+    try {
+        engine = std::make_unique<pkv::Engine>(mt.model, ec);
+    } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "overload: %s\n", e.what());
+        return 1;
+    }
+    pkv::Engine& eng = *engine;
+    const bool show = !opt.json;
+    if (show) {
+        std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
+                    mt.model.cfg.vocab_size);
+        std::printf("%s\n", eng.startup_summary().c_str());
+        std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
+                    opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs,
+                    opt.admission == pkv::Admission::kBet ? "bet" : "reserve", opt.prefix_caching ? "on" : "off");
+    }
+
+    // Per-request view of the stream, as a client would collect it.
+    const int R = opt.requests;
+    std::vector<std::string> text(R);        // rendered stream, with pause markers
+    std::vector<int> prev_token(R, -1);
+    std::vector<char> lane(R, ' ');          // this step's symbol per request
+    std::vector<char> paused(R, 0);
+    std::vector<long> step_of_preempt(R, -1);
+    long step_no = 0;
+    eng.on_event = [&](const pkv::StreamEvent& e) {
+        const int id = e.request_id;
+        if (id >= R) return;
+        switch (e.type) {
+            case pkv::EventType::kToken:
+                text[id] += mt.tok.render(prev_token[id], e.token);
+                prev_token[id] = e.token;
+                if (lane[id] != 'R') lane[id] = '.';
+                break;
+            case pkv::EventType::kPreempted:
+                lane[id] = 'X';
+                paused[id] = 1;
+                step_of_preempt[id] = step_no;
+                break;
+            case pkv::EventType::kResumed:
+                lane[id] = 'R';
+                paused[id] = 0;
+                text[id] += " [paused: preempted at step " + std::to_string(step_of_preempt[id]) + ", resumed at step " +
+                            std::to_string(step_no) + "]";
+                break;
+            case pkv::EventType::kFinished: lane[id] = '$'; break;
+            case pkv::EventType::kRejected: break;
+        }
+    };
+    if (show) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
+
+    pkv::SamplingParams sp;
+    sp.max_tokens = opt.max_tokens;
+    sp.temperature = (float)opt.temperature;
+    sp.ignore_eos = true;  // every request generates exactly max_tokens: a fixed amount of work
+    std::vector<std::vector<int32_t>> prompts(R);
+    for (int i = 0; i < R; ++i) {
+        prompts[i] = make_prompt(mt.tok, opt.prompt_len, opt.seed * 1000003 + i);
+        prev_token[i] = prompts[i].back();
+        sp.seed = opt.seed * 7919 + i;
+        eng.add_request(prompts[i], sp);
+    }
+    if (show) {
+        for (int i = 0; i < R; ++i)
+            if (eng.request(i)->finish_reason == pkv::FinishReason::kRejected)
+                std::printf("request %d rejected: %s\n", i, eng.request(i)->reject_reason.c_str());
+    }
+
+    if (show && opt.lanes) {
+        std::printf("lanes: p prefill  . token  X preempted  ~ paused  R resumed (recompute)  $ finished\n");
+        std::printf("%5s %4s %4s %4s  ", "step", "kv%", "run", "wait");
+        for (int i = 0; i < R; ++i) std::printf("%d", i / 10 % 10);
+        std::printf("\n%5s %4s %4s %4s  ", "", "", "", "");
+        for (int i = 0; i < R; ++i) std::printf("%d", i % 10);
+        std::printf("\n");
+    }
+    std::string last_row;
+    long repeats = 0;
+    auto flush_repeats = [&]() {
+        if (repeats > 0) std::printf("%5s  ... the same for %ld more step%s\n", "", repeats, repeats == 1 ? "" : "s");
+        repeats = 0;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    while (eng.has_unfinished()) {
+        ++step_no;
+        for (int i = 0; i < R; ++i) {
+            pkv::Request* r = eng.request(i);
+            lane[i] = r->state == pkv::RequestState::kRunning ? 'p' : (paused[i] ? '~' : ' ');
+        }
+        eng.step();
+        if (show && opt.lanes) {
+            // Steps that look exactly like the one before are folded into a count.
+            const pkv::Metrics& m = eng.metrics();
+            std::string row(lane.begin(), lane.end());
+            if (row == last_row) { ++repeats; continue; }
+            flush_repeats();
+            std::printf("%5ld %3.0f%% %4d %4d  %s\n", step_no, 100 * m.kv_cache_usage_perc, m.num_requests_running,
+                        m.num_requests_waiting, row.c_str());
+            last_row = row;
+        }
+    }
+    if (show && opt.lanes) flush_repeats();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const pkv::Metrics& m = eng.metrics();
+
+    if (opt.json) {
+        std::string s = "{\"config\":{";
+        s += "\"model\":\"" + json_escape(mt.name) + "\",\"num_blocks\":" + std::to_string(opt.num_blocks) +
+             ",\"block_size\":" + std::to_string(opt.block_size) + ",\"requests\":" + std::to_string(R) +
+             ",\"max_num_seqs\":" + std::to_string(opt.max_num_seqs) + ",\"max_num_batched_tokens\":" +
+             std::to_string(opt.max_num_batched_tokens) + ",\"max_tokens\":" + std::to_string(opt.max_tokens) +
+             ",\"prompt_len\":" + std::to_string(opt.prompt_len) + ",\"max_model_len\":" +
+             std::to_string(eng.config().sched.max_model_len) + ",\"prefix_caching\":" + (opt.prefix_caching ? "true" : "false") +
+             ",\"admission\":\"" + (opt.admission == pkv::Admission::kBet ? "bet" : "reserve") + "\",\"max_waiting\":" +
+             std::to_string(opt.max_waiting) + ",\"seed\":" + std::to_string(opt.seed) + "},\"requests\":[";
+        for (int i = 0; i < R; ++i) {
+            pkv::Request* r = eng.request(i);
+            std::vector<int32_t> out(r->tokens.begin() + r->num_prompt_tokens, r->tokens.end());
+            s += std::string(i ? "," : "") + "{\"id\":" + std::to_string(i) + ",\"prompt\":" + json_array(prompts[i]) +
+                 ",\"output\":" + json_array(out) + ",\"finish_reason\":\"" + pkv::to_string(r->finish_reason) +
+                 "\",\"reject_reason\":\"" + json_escape(r->reject_reason) + "\",\"preemptions\":" +
+                 std::to_string(r->num_preemptions) + "}";
+        }
+        char buf[1024];
+        std::snprintf(buf, sizeof buf,
+                      "],\"metrics\":{\"num_preemptions_total\":%ld,\"generation_tokens_total\":%ld,\"prompt_tokens_total\":%ld,"
+                      "\"recomputed_tokens_total\":%ld,\"computed_tokens_total\":%ld,\"prefix_cache_queries\":%ld,"
+                      "\"prefix_cache_hits\":%ld,\"num_requests_finished\":%ld,\"num_requests_rejected\":%ld,\"num_steps\":%ld,"
+                      "\"max_kv_cache_usage_perc\":%.4f,\"itl_p50_s\":%.6f,\"itl_p90_s\":%.6f,\"itl_p99_s\":%.6f,"
+                      "\"ttft_p50_s\":%.6f,\"ttft_p99_s\":%.6f,\"e2e_p50_s\":%.6f,\"e2e_p99_s\":%.6f,\"wall_s\":%.4f}}\n",
+                      m.num_preemptions_total, m.generation_tokens_total, m.prompt_tokens_total, m.recomputed_tokens_total,
+                      m.computed_tokens_total, m.prefix_cache_queries, m.prefix_cache_hits, m.num_requests_finished,
+                      m.num_requests_rejected, m.num_steps, m.max_kv_cache_usage_perc, m.inter_token_latency.percentile(50),
+                      m.inter_token_latency.percentile(90), m.inter_token_latency.percentile(99),
+                      m.time_to_first_token.percentile(50), m.time_to_first_token.percentile(99),
+                      m.e2e_request_latency.percentile(50), m.e2e_request_latency.percentile(99), wall);
+        std::fputs((s + buf).c_str(), stdout);
+        return 0;
+    }
+
+    // A few streams as the client saw them: one unbroken text, one pause.
+    int shown = 0;
+    std::printf("\nwhat a client streaming a preempted request saw (the text never breaks; it pauses):\n");
+    for (int i = 0; i < R && shown < 3; ++i) {
+        if (eng.request(i)->num_preemptions == 0) continue;
+        std::printf("  request %d (%d preemption%s): %s\n", i, eng.request(i)->num_preemptions,
+                    eng.request(i)->num_preemptions == 1 ? "" : "s", text[i].c_str());
+        ++shown;
+    }
+    if (shown == 0) std::printf("  (no request was preempted in this run)\n");
+
+    int finished = 0, preempted_reqs = 0, max_pre = 0;
+    for (int i = 0; i < R; ++i) {
+        pkv::Request* r = eng.request(i);
+        finished += r->finished() && r->finish_reason != pkv::FinishReason::kRejected;
+        preempted_reqs += r->num_preemptions > 0;
+        max_pre = std::max(max_pre, r->num_preemptions);
+    }
+    const auto& itl = m.inter_token_latency;
+    std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", 1
+#ifdef _OPENMP
+        - 1 + omp_get_max_threads()
+#endif
+    );
+    std::printf("  requests                 %d finished, %ld rejected, of %d\n", finished, m.num_requests_rejected, R);
+    std::printf("  num_preemptions_total    %ld  (%d requests preempted at least once, at most %d times)\n",
+                m.num_preemptions_total, preempted_reqs, max_pre);
+    std::printf("  useful output tokens     %ld\n", m.generation_tokens_total);
+    std::printf("  recomputed tokens        %ld  (%.0f%% of the useful output: work done twice)\n", m.recomputed_tokens_total,
+                m.generation_tokens_total ? 100.0 * m.recomputed_tokens_total / m.generation_tokens_total : 0.0);
+    std::printf("  tokens through the model %ld  (prompt %ld + decode + recompute)\n", m.computed_tokens_total, m.prompt_tokens_total);
+    std::printf("  kv_cache_usage_perc      peak %.0f%%\n", 100 * m.max_kv_cache_usage_perc);
+    if (opt.prefix_caching)
+        std::printf("  prefix cache             %ld hit of %ld queried tokens (%.0f%%)\n", m.prefix_cache_hits, m.prefix_cache_queries,
+                    m.prefix_cache_queries ? 100.0 * m.prefix_cache_hits / m.prefix_cache_queries : 0.0);
+    std::printf("  inter-token latency      p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  max %.2f ms  (p99 = %.1fx p50)\n",
+                1e3 * itl.percentile(50), 1e3 * itl.percentile(90), 1e3 * itl.percentile(99), 1e3 * itl.percentile(100),
+                itl.percentile(50) > 0 ? itl.percentile(99) / itl.percentile(50) : 0.0);
+    std::printf("  time to first token      p50 %.1f ms  p99 %.1f ms\n", 1e3 * m.time_to_first_token.percentile(50),
+                1e3 * m.time_to_first_token.percentile(99));
+    std::printf("  end-to-end latency       p50 %.1f ms  p99 %.1f ms\n", 1e3 * m.e2e_request_latency.percentile(50),
+                1e3 * m.e2e_request_latency.percentile(99));
+    std::printf("  throughput               %.0f useful tok/s, %.0f processed tok/s, %ld steps in %.2f s\n",
+                m.generation_tokens_total / wall, m.computed_tokens_total / wall, m.num_steps, wall);
+    return 0;
+}

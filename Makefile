@@ -18,6 +18,8 @@ CXXFLAGS ?= $(OPT) -std=c++20 -Wall -Wextra -Werror -ffp-contract=off
 CXXFLAGS += -I.
 ifeq ($(OPENMP),1)
 CXXFLAGS += -fopenmp
+else
+CXXFLAGS += -Wno-unknown-pragmas
 endif
 SANFLAGS ?=
 CXXFLAGS += $(SANFLAGS)
@@ -46,10 +48,11 @@ check-doctest:
 	@test -f $(DOCTEST_H) || { echo "error: $(DOCTEST_H) not found. The tests use doctest from Debian:"; \
 	  echo "    sudo apt-get update && sudo apt-get install -y doctest-dev"; exit 1; }
 
-run: $(BUILD)/generate
-	./$(BUILD)/generate -n 120 -i "once upon a time"
+run: $(BUILD)/overload
+	./$(BUILD)/overload
 
-test: $(BUILD)/tests
+# The tests run build/generate (llama2.c byte-for-byte check), so build it too.
+test: $(BUILD)/tests $(BUILD)/generate
 	./$(BUILD)/tests
 
 bench: $(BUILD)/bench_cpu

@@ -379,6 +379,10 @@ struct BlockTable {
     std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
     int num_hashed = 0;
     uint64_t last_hash = kRootHash;
+    // Set when a block's hash turned out to belong to a block with other
+    // contents (a collision): nothing after it in this table can be cached,
+    // because its chained hash would vouch for a prefix it does not have.
+    bool chain_broken = false;
 };
 
 // How many *new* blocks a table needs to hold num_tokens positions, counting
@@ -414,16 +418,22 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
 // the sequence's tokens (prompt then outputs); `num_computed` how many of them
 // have K/V written. Called after each forward step when prefix caching is on.
 inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
-    if (!pool.prefix_caching()) return;
+    if (!pool.prefix_caching() || table.chain_broken) return;
     const int bs = pool.block_size();
     const int num_full = num_computed / bs;
     for (int i = table.num_hashed; i < num_full; ++i) {
         const int32_t* blk_tokens = tokens + (size_t)i * bs;
         uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
         pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
+        // The hash now names this block or an identical one (two requests
+        // computed the same prefix) -- unless it collided with other contents.
+        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
+            table.chain_broken = true;
+            return;
+        }
         table.last_hash = h;
+        table.num_hashed = i + 1;
     }
-    if (num_full > table.num_hashed) table.num_hashed = num_full;
 }
 
 // Give every block of `table` back, last logical block first (so tails are

@@ -94,10 +94,12 @@ inline float dot(const float* w, const float* x, int n) {
 // out[t][o] = W[o] . x[t] for every token t: W is [d][n], x is [T][n], out [T][d].
 // Output rows are split across OpenMP threads; each element is still one dot()
 // by one thread, so threading does not change a single bit of the result.
+// Below ~256K multiply-adds a parallel region costs more than it saves (and on
+// a busy machine far more: a thread that is not scheduled stalls the rest).
 // Looping tokens inside the row keeps that row of W hot in L1 while every
 // token of the batch uses it -- the reason batching is cheaper per token.
 inline void matmul(float* out, const float* x, const float* W, int T, int n, int d) {
-#pragma omp parallel for schedule(static) if ((long)T * n * d > 200000)
+#pragma omp parallel for schedule(static) if ((long)T * n * d >= (1L << 18))
     for (int o = 0; o < d; ++o) {
         const float* row = W + (size_t)o * n;
         for (int t = 0; t < T; ++t) out[(size_t)t * d + o] = dot(row, x + (size_t)t * n, n);

@@ -51,9 +51,14 @@ inline int sample_multinomial(const float* p, int n, float coin) {
 // so they are dropped before the sort (run.c's speed trick, same result).
 inline int sample_top_p(const float* p, int n, float top_p, float coin, std::vector<std::pair<float, int>>& scratch) {
     scratch.clear();
+    if (n == 1) return 0;
     const float cutoff = (1.0f - top_p) / (float)(n - 1);
     for (int i = 0; i < n; ++i)
         if (p[i] >= cutoff) scratch.push_back({p[i], i});
+    // Nearly uniform distributions can leave nothing above the cutoff (p =
+    // {0.5, 0.5} with top_p 0.01); run.c would then read out of bounds. The
+    // nucleus of such a distribution is its most likely token.
+    if (scratch.empty()) return argmax(p, n);
     std::stable_sort(scratch.begin(), scratch.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     float cum = 0.0f;
     int last = (int)scratch.size() - 1;

@@ -41,20 +41,26 @@ struct Tokenizer {
     // uint32 max_token_length, then per token: float32 score, int32 len, len bytes.
     // The file must hold exactly the model's vocab_size tokens.
     static Tokenizer load(const std::string& path, int vocab_size) {
-        std::ifstream f(path, std::ios::binary);
+        std::ifstream f(path, std::ios::binary | std::ios::ate);
         if (!f) throw FileError(path + ": cannot open tokenizer");
+        const int64_t file_size = (int64_t)f.tellg();
+        f.seekg(0);
         Tokenizer t;
         uint32_t max_len = 0;
         if (!f.read(reinterpret_cast<char*>(&max_len), 4)) throw FileError(path + ": truncated tokenizer (no header)");
         for (;;) {
             float score;
             int32_t len;
-            if (!f.read(reinterpret_cast<char*>(&score), 4)) break;  // clean end of file
-            if (!f.read(reinterpret_cast<char*>(&len), 4))
+            f.read(reinterpret_cast<char*>(&score), 4);
+            if (f.gcount() == 0) break;  // clean end of file, between two tokens
+            if (f.gcount() != 4 || !f.read(reinterpret_cast<char*>(&len), 4))
                 throw FileError(path + ": truncated tokenizer inside token " + std::to_string(t.size()));
             if (len < 0 || (uint32_t)len > max_len)
                 throw FileError(path + ": token " + std::to_string(t.size()) + " has length " + std::to_string(len) +
                                 " (max_token_length is " + std::to_string(max_len) + "): corrupt tokenizer");
+            // Check before allocating: a corrupt length must not cost gigabytes.
+            if (len > file_size - (int64_t)f.tellg())
+                throw FileError(path + ": truncated tokenizer inside token " + std::to_string(t.size()));
             std::string piece((size_t)len, '\0');
             if (len > 0 && !f.read(piece.data(), len))
                 throw FileError(path + ": truncated tokenizer inside token " + std::to_string(t.size()));
@@ -151,8 +157,9 @@ private:
 // Layout, like llama2.c's: 0 <unk>, 1 <s>, 2 </s>, 3..258 the bytes <0x00>..<0xFF>,
 // then every printable ASCII character, then for each word below its merge
 // chain: " w", " wo", " wor", " word". With scores that rank longer pieces
-// higher, the BPE encoder above turns " word" into one token, and decode(encode(s))
-// == s for any string thanks to the byte fallback.
+// higher, the BPE encoder above turns " word" into one token. Any string can be
+// encoded thanks to the byte fallback, and printable ASCII decodes back exactly;
+// bytes >= 0x80 that are not whole pieces print nothing, as in run.c.
 //
 // `row_scale` (per token) tells make_random_model to shrink the embedding rows
 // of everything that is not a whole word, so the random model mostly says words.

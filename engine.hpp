@@ -98,7 +98,8 @@ struct Metrics {
     long computed_tokens_total = 0;    // every token through the model (prompt + decode + recompute)
     long prefix_cache_queries = 0;     // tokens
     long prefix_cache_hits = 0;        // tokens
-    long num_requests_finished = 0;
+    long num_requests_finished = 0;  // completed: stop token or a length limit
+    long num_requests_aborted = 0;
     long num_requests_rejected = 0;
     long num_steps = 0;
     // Gauges, as of the last step.
@@ -180,6 +181,7 @@ public:
     bool abort(int id) {
         const double t = clock_->now();
         if (!sched_.abort(id, t)) return false;
+        metrics_.num_requests_aborted++;
         emit({EventType::kFinished, id, t, -1, -1, FinishReason::kAborted});
         return true;
     }
@@ -223,6 +225,7 @@ public:
         const int V = model_.cfg.vocab_size;
         for (size_t i = 0; i < sampled.size(); ++i) {
             Request& r = *sampled[i];
+            if (r.finished()) continue;  // aborted from an event callback earlier in this loop
             const int out_index = r.num_output_tokens();
             float* row = logits_.data() + i * V;
             const float coin = r.params.temperature == 0.0f ? 0.0f : coin_for(r.params.seed, out_index);
@@ -231,6 +234,7 @@ public:
             record_token_latency(r, t_out);
             metrics_.generation_tokens_total++;
             emit({EventType::kToken, r.id, t_out, token, out_index});
+            if (r.finished()) continue;  // the callback aborted it on this very token
             const FinishReason why = stop_reason(r, token);
             if (why != FinishReason::kNone) {
                 sched_.finish(r, why, t_out);
@@ -298,7 +302,8 @@ public:
         counter("computed_tokens_total", "All tokens through the model.", metrics_.computed_tokens_total);
         counter("prefix_cache_queries_total", "Tokens looked up in the prefix cache.", metrics_.prefix_cache_queries);
         counter("prefix_cache_hits_total", "Tokens served by the prefix cache.", metrics_.prefix_cache_hits);
-        counter("request_success_total", "Requests finished (not rejected).", metrics_.num_requests_finished);
+        counter("request_success_total", "Requests completed (stop token or length limit).", metrics_.num_requests_finished);
+        counter("request_aborted_total", "Requests aborted by the client.", metrics_.num_requests_aborted);
         counter("request_rejected_total", "Requests rejected at admission.", metrics_.num_requests_rejected);
         gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", metrics_.kv_cache_usage_perc);
         gauge("num_requests_running", "Requests in the running set.", metrics_.num_requests_running);

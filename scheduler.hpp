@@ -180,9 +180,14 @@ public:
     }
 
     // Register a request. It is rejected at once, with a reason, when it can
-    // never run: its longest possible sequence needs more blocks than the whole
-    // pool (it would preempt everyone, then itself, forever), its prompt leaves
-    // no room to generate under max_model_len, or the queue is full.
+    // never run or the queue is full.
+    //
+    // "Can never run" means: alone in an empty pool, its longest sequence
+    // would still not fit -- it would preempt everyone, then itself, forever.
+    // Its longest sequence is prompt + max_tokens capped at max_model_len, and
+    // the constructor guarantees max_model_len fits the pool, so a capped
+    // sequence always fits. What cannot run is a prompt that leaves no room
+    // under max_model_len: it is rejected, naming the pool that sets the cap.
     Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now) {
         auto r = std::make_unique<Request>();
         r->id = (int)requests_.size();
@@ -192,15 +197,14 @@ public:
         r->arrival_time = now;
         Request* req = r.get();
         requests_.push_back(std::move(r));
-        const int need_blocks = blocks_for_tokens(sequence_cap(*req), pool_.block_size());
         if (req->num_prompt_tokens == 0) reject(*req, "empty prompt", false, now);
         else if (params.max_tokens <= 0) reject(*req, "max_tokens must be >= 1", false, now);
         else if (req->num_prompt_tokens >= cfg_.max_model_len)
-            reject(*req, "prompt of " + std::to_string(req->num_prompt_tokens) + " tokens leaves no room under max_model_len " +
-                             std::to_string(cfg_.max_model_len), false, now);
-        else if (need_blocks > pool_.num_blocks())
-            reject(*req, "needs " + std::to_string(need_blocks) + " KV blocks (prompt + max_tokens) but the cache has only " +
-                             std::to_string(pool_.num_blocks()) + "; it can never fit", false, now);
+            reject(*req, "prompt of " + std::to_string(req->num_prompt_tokens) + " tokens needs " +
+                             std::to_string(blocks_for_tokens(req->num_prompt_tokens + 1, pool_.block_size())) +
+                             " KV blocks to generate even one token, but max_model_len is " + std::to_string(cfg_.max_model_len) +
+                             " (KV cache: " + std::to_string(pool_.num_blocks()) + " blocks of " +
+                             std::to_string(pool_.block_size()) + "); it can never fit", false, now);
         else if (cfg_.max_waiting > 0 && (int)waiting_.size() >= cfg_.max_waiting)
             reject(*req, "waiting queue is full (" + std::to_string(cfg_.max_waiting) + "); retry later", true, now);
         else waiting_.push_back(req);

@@ -12,6 +12,22 @@
 //
 // Sections: 1. requests and their states  2. configuration  3. admission checks
 // 4. schedule() -- running first, preemption, then waiting  5. finishing/abort.
+//
+// The model for this file is vLLM V1's vllm/v1/core/sched/scheduler.py, with
+// the block work of its kv_cache_manager.py done by paged_kv.cuh's
+// allocate_slots / free_blocks / find_cached_prefix. Same loop shape, same
+// victim, same "no admission in a preempting step". What we left out: the
+// priority policy (vLLM then preempts the lowest priority, latest arrival
+// instead of simply the newest), speculative decoding, multimodal encoders,
+// and any swap space: vLLM V0 could also preempt by *swapping* a victim's
+// blocks to CPU memory and back, trading copy bandwidth for recompute; V1
+// dropped it, and on our CPU engine the cache already lives in host memory, so
+// there is nowhere cheaper to swap to.
+//
+// Try it: `build/overload --max-num-seqs 4` runs the chapter 3 workload with
+// no preemption at all (4 requests of at most 8 blocks each fit the 40-block
+// pool even at their longest), at the price of a longer queue and a later
+// first token; `--max-num-seqs 8` lands in between. The lanes show why.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +51,14 @@ namespace pkv {
 //        |             +---- PREEMPTED <--+  (blocks freed, num_computed = 0,
 //        |                  (front of waiting)  output tokens kept)
 //        +--> FINISHED(rejected)     abort: any state --> FINISHED(aborted)
+//
+// PREEMPTED is a waiting state: the request sits in the waiting queue like a
+// new one. It is kept apart only so that schedule() can report who *resumed*.
+// vLLM's RequestStatus has the same WAITING / RUNNING / PREEMPTED core and
+// several FINISHED_* states; its "length" finish covers both of our
+// kMaxTokens and kMaxModelLen. vLLM V0 marked a prompt that could never run
+// FINISHED_IGNORED; V1 refuses it with an error before it reaches the
+// scheduler. We reject it here, so the client gets the reason as an event.
 
 enum class RequestState { kWaiting, kRunning, kPreempted, kFinished };
 enum class FinishReason { kNone, kStop, kMaxTokens, kMaxModelLen, kAborted, kRejected };
@@ -60,6 +84,8 @@ inline const char* to_string(FinishReason r) {
     return "?";
 }
 
+// Per-request generation settings, a small subset of vLLM's SamplingParams
+// (same default max_tokens of 16).
 struct SamplingParams {
     int max_tokens = 16;
     float temperature = 0.0f;  // 0 = greedy
@@ -69,8 +95,15 @@ struct SamplingParams {
     bool ignore_eos = false;
 };
 
+// One request and everything the scheduler knows about it. Prompt and output
+// share one token vector, so that "what the model must have computed" is
+// always a prefix of `tokens` and progress is one number, num_computed_tokens.
+// That is vLLM V1's central idea: there is no prefill phase and no decode
+// phase, only num_computed_tokens catching up with num_tokens. A fresh prompt,
+// a chunk of a long one and a recompute after preemption are then the same
+// operation, just with a different gap to close.
 struct Request {
-    int id = -1;
+    int id = -1;  // arrival order: ids are handed out by add_request
     std::vector<int32_t> tokens;  // prompt followed by every output token so far
     int num_prompt_tokens = 0;
     SamplingParams params;
@@ -81,12 +114,15 @@ struct Request {
     bool retryable = false;     // a rejection the client may retry (queue full)
 
     // How many of `tokens` have their K/V in the cache. Reset to 0 on preemption.
+    // Between steps it is num_tokens() - 1 for a decoding request: the token
+    // just sampled has no K/V yet, and computing it is the next step's work.
     int num_computed_tokens = 0;
     // The most tokens ever computed at once: positions below it that get
     // computed again are *recomputed* work, the price of preemption.
     int num_computed_high_water = 0;
+    // Empty while waiting (new or preempted): only running requests hold blocks.
     BlockTable block_table;
-    int num_preemptions = 0;
+    int num_preemptions = 0;  // how often this request was a victim
 
     // Timestamps (engine clock, seconds).
     double arrival_time = 0, first_token_time = -1, last_token_time = -1, finish_time = -1;
@@ -100,30 +136,48 @@ struct Request {
 // 2. Configuration
 // ============================================================================
 
+// What admission bets on. Both modes run the same schedule(); they differ only
+// in how many blocks try_admit() demands before letting a request in.
 enum class Admission {
     // Page on demand: admit on the blocks the current sequence needs now and
     // preempt when growth fails. Packs the most requests, risks recompute.
+    // vLLM's only mode; TensorRT-LLM calls it MAX_UTILIZATION.
     kBet,
     // Reserve prompt + max_tokens (capped at max_model_len) at admission and
     // never preempt (TensorRT-LLM's GUARANTEED_NO_EVICT). Nothing is ever
     // recomputed, but blocks sit reserved and empty for most of a request's
-    // life, so far fewer requests run at once.
+    // life, so far fewer requests run at once. Chapters 3 and 4 of
+    // TUTORIAL.md run both on the same workload: no preemption, but time to
+    // first token p50 308.6 ms against 135.6 ms for the bet.
     kReserve,
 };
 
+// The knobs; the first three carry vLLM's names. Every one of them trades
+// concurrency (throughput, queueing) against the risk of preemption
+// (recompute, pauses).
 struct SchedulerConfig {
+    // The bluntest fix for thrash: fewer sequences growing at once means fewer
+    // block boundaries crossed per step.
     int max_num_seqs = 16;              // most requests running at once
+    // Caps the work of one step, so a long prompt is cut into chunks and
+    // cannot stall the decodes sharing its step (chunked prefill). Chapter 3's
+    // 256 holds 8 prompts of 32 tokens: why step 1 admits exactly 8.
     int max_num_batched_tokens = 256;   // token budget of one step (all requests)
     int max_model_len = 0;              // longest sequence (prompt + output); 0 = derive
     // Admit only if the whole current sequence (prompt + outputs for a resumed
     // request) fits in free blocks, not just its first prefill chunk. Without
     // it a long prompt is admitted on its first chunk and its later chunks
     // preempt the requests that were already running: thrash at admission.
+    // It is a check, not a reservation: only this step's chunk is allocated,
+    // and the rest may be taken by running requests before the later chunks
+    // arrive. tests/test_scheduler.cpp shows both settings.
     bool full_sequence_must_fit = true;
     // Keep this fraction of all blocks free when admitting (0 = off). A
     // cushion for running requests to grow into before anyone is preempted,
     // paid for with lower concurrency. Never blocks an admission into an idle
     // engine (otherwise a big request could wait forever).
+    // vLLM V0's block manager had the same idea, a watermark of 1% by default,
+    // "to avoid frequent cache eviction".
     double watermark = 0.0;
     Admission admission = Admission::kBet;
     // Shedding at the edge: reject new requests at once (retryable) while this
@@ -132,7 +186,8 @@ struct SchedulerConfig {
     int max_waiting = 0;
 };
 
-// What schedule() decided for one step.
+// What schedule() decided for one step. The engine builds the batch in the
+// order of `scheduled`, so that order is also the order of the logits rows.
 struct ScheduledRequest {
     Request* req;
     int num_new_tokens;  // tokens to compute this step: 1 for decode, a chunk for prefill
@@ -150,6 +205,10 @@ struct SchedulerOutput {
 
 class Scheduler {
 public:
+    // Checks the config against the pool once, so that schedule() never has to.
+    // The last check matters most: with max_model_len guaranteed to fit an
+    // empty pool, "can this request ever run?" becomes a question about its
+    // prompt alone, answered in add_request.
     Scheduler(const SchedulerConfig& cfg, BlockPool& pool) : cfg_(cfg), pool_(pool) {
         if (cfg_.max_num_seqs <= 0) throw std::invalid_argument("max_num_seqs must be >= 1");
         if (cfg_.max_num_batched_tokens <= 0) throw std::invalid_argument("max_num_batched_tokens must be >= 1");
@@ -171,10 +230,14 @@ public:
 
     // Counters the engine turns into metrics.
     long num_preemptions_total = 0;
+    // In tokens, not lookups, as vLLM counts them. Chapter 5 of TUTORIAL.md:
+    // 224 hit of 2289 queried tokens (10%), and those hits are victims finding
+    // their own blocks again.
     long prefix_cache_queries = 0;  // tokens looked up at admission
     long prefix_cache_hits = 0;     // tokens served from cache at admission
 
     // The longest sequence a request may reach: prompt + max_tokens, capped.
+    // What reserve admission reserves, and what the bet hopes not to need.
     int sequence_cap(const Request& r) const {
         return std::min(r.num_prompt_tokens + r.params.max_tokens, cfg_.max_model_len);
     }
@@ -188,6 +251,12 @@ public:
     // the constructor guarantees max_model_len fits the pool, so a capped
     // sequence always fits. What cannot run is a prompt that leaves no room
     // under max_model_len: it is rejected, naming the pool that sets the cap.
+    //
+    // A queue-full rejection is the only retryable one: the same request may
+    // succeed a moment later. Load shedding at the door is cheaper than
+    // admitting work that will stall: a fast "try again" lets a client or a
+    // router go elsewhere. requests_ keeps every request, finished or not, so
+    // that the report at the end can read them; a server would drop them.
     Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now) {
         auto r = std::make_unique<Request>();
         r->id = (int)requests_.size();
@@ -219,19 +288,36 @@ public:
         // (1) Running requests, oldest first. Each gets what it still needs:
         //     1 token for a decode, a budget-limited chunk for a prefill that
         //     has not finished (chunked prefill).
+        //     Serving running requests before waiting ones means work in
+        //     progress always gets its blocks before a newcomer does; it is
+        //     also vLLM V1's order. "Oldest" means admitted earliest: a
+        //     resumed request re-enters running_ at the back, as the newest,
+        //     and is therefore the first victim next time (in chapter 3 one
+        //     request was preempted 4 times).
         for (size_t i = 0; i < running_.size() && budget > 0;) {
             Request* req = running_[i];
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+            // Never true in Engine::step(), where a running request always has
+            // its last sampled token to compute; vLLM has the same skip for
+            // pipeline parallelism and asynchronous scheduling.
             if (n <= 0) { ++i; continue; }
             // (2) Grow its block table; while that fails, preempt the newest
             //     running request. The victim may be `req` itself when it is
             //     the newest, and then it simply waits for the next step.
+            //     Why not just skip `req` and let it keep its blocks? When every
+            //     running request sits at a block boundary, nobody can grow and
+            //     nobody gives a block back: a deadlock. Freeing a victim is
+            //     what guarantees the oldest requests progress.
+            //     Victims come from the back, behind the cursor `i`, so a victim
+            //     was never given tokens earlier in this step. (vLLM's priority
+            //     policy may pick one that was, and must take its budget back.)
             bool self_preempted = false;
             while (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) {
                 Request* victim = running_.back();
                 preempt(victim, out);
                 if (victim == req) { self_preempted = true; break; }
             }
+            // Everything behind `req` was preempted before it, so nothing is left.
             if (self_preempted) break;  // `req` was the last running request
             out.scheduled.push_back({req, n});
             budget -= n;
@@ -241,6 +327,11 @@ public:
         // (3) Admit waiting requests, front first -- but only if nobody was
         //     preempted this step: admitting now would take the very blocks the
         //     victims just gave up, and preempt again next step.
+        //     Admission is first come, first served, and the head of the queue
+        //     blocks it: a big request at the front is not overtaken by small
+        //     ones behind it. Skipping ahead would use the pool better and
+        //     could starve the big request forever; vLLM's FCFS policy stops
+        //     at the head too.
         if (out.preempted.empty()) {
             while (!waiting_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
                 Request* req = waiting_.front();
@@ -260,6 +351,8 @@ public:
 
     // ---- after the forward pass -----------------------------------------------
     // The engine calls this for each scheduled request once its K/V are written.
+    // Full blocks enter the prefix cache only now, never at allocation: a
+    // block may be found by another request only once its K/V really exist.
     void on_computed(Request& req, int num_new_tokens) {
         req.num_computed_tokens += num_new_tokens;
         req.num_computed_high_water = std::max(req.num_computed_high_water, req.num_computed_tokens);
@@ -267,6 +360,8 @@ public:
     }
 
     // Finish a running request (stop token, max_tokens, max_model_len).
+    // Its blocks go back tail first (free_blocks), so with prefix caching the
+    // prompt's head, the part most likely shared, is evicted last.
     void finish(Request& req, FinishReason reason, double now) {
         running_.erase(std::remove(running_.begin(), running_.end(), &req), running_.end());
         free_blocks(pool_, req.block_table);
@@ -277,6 +372,7 @@ public:
 
     // Abort from any state: blocks are back in the pool before this returns.
     // Returns false when the request was already finished (or unknown).
+    // A waiting request holds no blocks, so for it finish() frees nothing.
     bool abort(int id, double now) {
         Request* req = request(id);
         if (!req || req->finished()) return false;
@@ -305,6 +401,11 @@ private:
     // Preemption by recompute: free everything, forget computed tokens, keep
     // the output tokens (they are part of what gets recomputed), go to the
     // front of the queue so the victim is the first to come back.
+    // As in vLLM V1's _preempt_request: free, num_computed_tokens = 0,
+    // PREEMPTED, prepend to waiting. Victims leave newest first and each goes
+    // to the front, so chapter 3's victims of step 3 (15, 14, 13) line up as
+    // 13, 14, 15, ahead of 16..23: running and waiting together stay in
+    // arrival order, which is what keeps completion order close to it.
     void preempt(Request* victim, SchedulerOutput& out) {
         running_.pop_back();
         free_blocks(pool_, victim->block_table);
@@ -321,22 +422,31 @@ private:
     int try_admit(Request* req, int budget) {
         // Prefix cache: the longest cached prefix of prompt + outputs (a resumed
         // request usually finds its own blocks that were not evicted yet).
+        // [num hit blocks] physical ids in logical order, empty without
+        // prefix caching; capped so the last token is always computed.
         std::vector<int32_t> hits = find_cached_prefix(pool_, req->tokens.data(), req->num_tokens());
         const int num_cached = (int)hits.size() * pool_.block_size();
         const int n = std::min(req->num_tokens() - num_cached, budget);
 
         // How many tokens' worth of blocks must exist for the bet we make.
+        // Three answers, from boldest to safest: this step's chunk; the whole
+        // current sequence (full_sequence_must_fit); the longest the request
+        // may ever grow (reserve mode).
         int must_hold = num_cached + n;  // just this step's chunk
         if (cfg_.full_sequence_must_fit) must_hold = req->num_tokens();
         if (cfg_.admission == Admission::kReserve) must_hold = sequence_cap(*req);
         const int new_blocks = std::max(0, blocks_for_tokens(must_hold, pool_.block_size()) - (int)hits.size());
         int reserve_free = 0;
         if (!running_.empty()) reserve_free = (int)(cfg_.watermark * pool_.num_blocks());
+        // A hit on a block that sits in the free list takes that block out of
+        // it, so such hits count against free capacity like new blocks do.
         if (new_blocks + num_free_hits(pool_, hits) + reserve_free > pool_.num_free_blocks()) return 0;
 
         // Allocate: the whole reservation in reserve mode, else this chunk only.
         const int alloc_tokens = cfg_.admission == Admission::kReserve ? must_hold : num_cached + n;
         if (!allocate_slots(pool_, req->block_table, hits, alloc_tokens)) return 0;
+        // Counted only for an admission that happened: a request that waits
+        // at the head for many steps is not counted once per step.
         prefix_cache_queries += req->num_tokens();
         prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;

@@ -4,6 +4,17 @@
 // The architecture is Llama as llama2.c's run.c computes it; the forward pass is
 // in tiny_model/forward_cpu.hpp. This file is only about numbers on disk and in
 // memory.
+//
+// Everything is float32, as in run.c (llama2.c's int8 variant, runq.c, and its
+// version 2 export are out of scope). Where we differ from run.c: run.c
+// memory-maps the checkpoint and points into the mapping, trusting the header;
+// we read each tensor into its own std::vector after checking that the file
+// size matches the header to the byte. That costs a copy at startup and buys
+// plain ownership (a Model is a value you can move, build in memory or save)
+// and an error message instead of a crash on a truncated file.
+//
+// Sections: 1. Config  2. Weights and the checkpoint tensor list  3. the
+// built-in random model  4. loading and saving llama2.c legacy checkpoints.
 #pragma once
 
 #include <cmath>
@@ -18,6 +29,7 @@ namespace pkv {
 
 // Every model or tokenizer file problem is reported as one of these, with the
 // file name and what is wrong, so programs print it and exit instead of crashing.
+// The examples catch it around load_model_and_tokenizer() and exit with 1.
 struct FileError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
@@ -26,6 +38,11 @@ struct FileError : std::runtime_error {
 // 1. Config: the seven numbers of a llama2.c header
 // ============================================================================
 
+// What the KV cache cares about is n_layers, n_kv_heads and head_dim: one
+// token slot holds K and V for every layer, n_layers * 2 * kv_dim floats. In
+// chapter 3's demo that is 1.25 MiB for 640 token slots, 2 KiB per token.
+// Grouped-query attention (n_kv_heads < n_heads) shrinks exactly this by
+// n_heads / n_kv_heads, which is why it matters so much to serving.
 struct Config {
     int dim = 0;         // residual stream width
     int hidden_dim = 0;  // SwiGLU inner width
@@ -37,6 +54,8 @@ struct Config {
     bool shared_classifier = true;  // logits use the embedding table (llama2.c: vocab_size > 0 in the header)
 
     int head_dim() const { return dim / n_heads; }
+    // Width of one token's K (or V) across all kv heads: a token slot's size
+    // per layer, per K or V, in floats.
     int kv_dim() const { return n_kv_heads * head_dim(); }
 
     // "" when the shape is usable, else what is wrong with it.
@@ -49,6 +68,8 @@ struct Config {
         if (n_heads % n_kv_heads != 0) return "n_heads " + std::to_string(n_heads) + " is not divisible by n_kv_heads " + std::to_string(n_kv_heads);
         if (head_dim() % 2 != 0) return "head_dim " + std::to_string(head_dim()) + " is odd (RoPE rotates pairs)";
         // Sizes this large are corrupt headers, not models we could hold anyway.
+        // The caps also keep every product in checkpoint_tensors() far below
+        // 2^64, so the file-size check cannot be fooled by an overflow.
         if (dim > (1 << 16) || hidden_dim > (1 << 18) || n_layers > 4096 || vocab_size > (1 << 22) || seq_len > (1 << 22))
             return "header sizes are implausibly large (corrupt file?)";
         return "";
@@ -62,6 +83,12 @@ struct Config {
 // A matrix W with shape [out][in] is applied as y[o] = sum_i W[o][i] * x[i]:
 // each output is a dot product with one contiguous row, the loop the CPU
 // forward is built around.
+//
+// Every tensor holds all layers back to back ([n_layers, ...]), as the file
+// stores them, so layer l's wq starts at l * dim * dim. The feed-forward is
+// Llama's SwiGLU: out = w2 (silu(w1 x) * (w3 x)). Note that wq and wo are
+// dim x dim because n_heads * head_dim == dim; wk and wv are kv_dim x dim,
+// smaller under GQA, and that is where K and V for the cache come from.
 
 struct Weights {
     std::vector<float> token_embedding;  // [vocab_size, dim]
@@ -78,9 +105,13 @@ struct Weights {
     std::vector<float> wcls;             // [vocab_size, dim], empty when the classifier is shared
 };
 
+// A model is its shape plus its numbers; it holds no state between calls.
+// Everything that changes while generating lives in the KV cache, owned by
+// the engine, which is what lets one Model serve many sequences at once.
 struct Model {
     Config cfg;
     Weights w;
+    // [vocab_size, dim] the rows that turn the final hidden state into logits.
     const float* classifier() const { return cfg.shared_classifier ? w.token_embedding.data() : w.wcls.data(); }
 };
 
@@ -92,6 +123,7 @@ struct TensorRef {
 };
 inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
     const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
+    // Each legacy RoPE table is [seq_len, head_dim / 2]: one angle per pair.
     const size_t rope = (size_t)c.seq_len * c.head_dim() / 2;
     std::vector<TensorRef> t = {
         {&w.token_embedding, V * D}, {&w.rms_att, L * D}, {&w.wq, L * D * D}, {&w.wk, L * KV * D},
@@ -99,6 +131,7 @@ inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
         {&w.w2, L * D * H},          {&w.w3, L * H * D},  {&w.rms_final, D},   {nullptr, rope},  // freq_cis_real
         {nullptr, rope},  // freq_cis_imag
     };
+    // Last, and only in files whose header vocab_size is negative.
     if (!c.shared_classifier) t.push_back({&w.wcls, V * D});
     return t;
 }
@@ -121,6 +154,9 @@ inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
 //     far more often and the stream reads as words.
 
 // splitmix64: a tiny, well-mixed 64-bit generator. Also used for sampling.
+// Its whole state is one integer, and we use no standard-library
+// distribution (their algorithms differ between implementations); what is
+// left to the platform is only the last-bit rounding of std::log and std::cos.
 inline uint64_t splitmix64(uint64_t& state) {
     uint64_t z = (state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -128,8 +164,17 @@ inline uint64_t splitmix64(uint64_t& state) {
     return z ^ (z >> 31);
 }
 // Uniform in [0, 1) with 24 random bits (exactly representable in float).
+// coin_for in sampler.hpp turns its hash into a float the same way.
 inline float uniform01(uint64_t& state) { return (float)(splitmix64(state) >> 40) * (1.0f / 16777216.0f); }
 
+// The built-in shape: small (chapter 3's overload run, 350 steps, takes
+// 0.65 s on two CPU cores) and chosen to exercise the interesting paths:
+//   - 8 query heads over 4 kv heads: GQA, query head h reads kv head h / 2;
+//   - head_dim 16 (128 / 8), even, as RoPE needs;
+//   - hidden_dim 384 = 3 x dim, close to Llama's 8/3 ratio;
+//   - seq_len 1024, longer than chapter 3's 640-slot pool, so max_model_len is
+//     capped to the pool (the "max_model_len 640" in its startup line);
+//   - a separate classifier (see above).
 inline Config builtin_config(int vocab_size) {
     Config c;
     c.dim = 128;
@@ -149,20 +194,30 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     m.cfg = c;
     uint64_t rng = seed;
     // Box-Muller from two uniforms; deterministic for a given seed on any machine.
+    // u1 is nudged away from 0 because log(0) is -infinity.
     auto gauss = [&]() {
         float u1 = uniform01(rng) + 1e-7f, u2 = uniform01(rng);
         return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
     };
+    // N(0, gain^2 / fan_in): a dot product of fan_in such weights with inputs
+    // of unit variance has variance gain^2, so activations keep their scale
+    // from layer to layer instead of exploding or dying out.
     auto fill = [&](std::vector<float>& v, size_t n, int fan_in, float gain) {
         v.resize(n);
         const float sd = gain / std::sqrt((float)fan_in);
         for (float& x : v) x = gauss() * sd;
     };
+    // RMSNorm gains start at 1, as in a freshly initialized Llama.
     auto ones = [&](std::vector<float>& v, size_t n) { v.assign(n, 1.0f); };
     Weights& w = m.w;
     const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
+    // The call order is the draw order: reordering these lines changes every
+    // weight, and with it every output printed in TUTORIAL.md.
+    // Embeddings are N(0, 1) (fan_in 1), PyTorch's default for nn.Embedding.
     fill(w.token_embedding, V * D, 1, 1.0f);
     ones(w.rms_att, L * D);
+    // q and k get the larger gain: their product sets the attention scores,
+    // and scores near zero would make every softmax nearly uniform.
     fill(w.wq, L * D * D, c.dim, 1.5f);
     fill(w.wk, L * KV * D, c.dim, 1.5f);
     fill(w.wv, L * KV * D, c.dim, 1.0f);
@@ -173,6 +228,8 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     fill(w.w3, L * H * D, c.dim, 1.0f);
     ones(w.rms_final, D);
     if (!c.shared_classifier) fill(w.wcls, V * D, c.dim, 1.0f);
+    // Scale whole classifier rows: a smaller row means a smaller logit for that
+    // token at every position, so it wins the argmax less often.
     std::vector<float>& cls = c.shared_classifier ? w.token_embedding : w.wcls;
     for (size_t v = 0; v < row_scale.size() && v < V; ++v)
         for (size_t d = 0; d < D; ++d) cls[v * D + d] *= row_scale[v];
@@ -197,6 +254,7 @@ inline Model load_checkpoint(const std::string& path) {
     if (!f) throw FileError(path + ": cannot open checkpoint");
     const uint64_t file_size = (uint64_t)f.tellg();
     f.seekg(0);
+    // The seven int32 of the header, in Config's field order.
     int32_t hdr[7];
     if (file_size < sizeof(hdr) || !f.read(reinterpret_cast<char*>(hdr), sizeof(hdr)))
         throw FileError(path + ": truncated checkpoint (" + std::to_string(file_size) + " bytes, the header alone is 28)");
@@ -205,6 +263,8 @@ inline Model load_checkpoint(const std::string& path) {
     c.dim = hdr[0]; c.hidden_dim = hdr[1]; c.n_layers = hdr[2]; c.n_heads = hdr[3];
     c.n_kv_heads = hdr[4]; c.seq_len = hdr[6];
     c.shared_classifier = hdr[5] > 0;
+    // abs(INT32_MIN) does not fit in an int32; map it to 0 so problem()
+    // rejects the header instead of the program computing with garbage.
     c.vocab_size = hdr[5] == INT32_MIN ? 0 : std::abs(hdr[5]);
     if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": " + p);
     auto tensors = checkpoint_tensors(c, m.w);
@@ -213,6 +273,8 @@ inline Model load_checkpoint(const std::string& path) {
     if (expect != file_size)
         throw FileError(path + ": file size " + std::to_string(file_size) + " bytes does not match its header, which needs " +
                         std::to_string(expect) + " bytes (truncated, or not a llama2.c legacy checkpoint)");
+    // Read every tensor straight into its vector; the two RoPE tables go into
+    // a scratch vector and are dropped.
     std::vector<float> skip;
     for (const auto& t : tensors) {
         std::vector<float>& dst = t.data ? *t.data : skip;
@@ -223,6 +285,9 @@ inline Model load_checkpoint(const std::string& path) {
     return m;
 }
 
+// The inverse of load_checkpoint, used by the tests for round trips: save,
+// load, and compare every weight bit and the logits. The output is a
+// llama2.c legacy checkpoint, header sign convention included.
 inline void save_checkpoint(const std::string& path, const Model& m) {
     const Config& c = m.cfg;
     if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": refusing to save: " + p);

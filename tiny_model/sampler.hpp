@@ -7,6 +7,17 @@
 //     gives the same story as run.c;
 //   - the engine derives each coin from (request seed, output index) alone, so a
 //     preempted and recomputed request draws exactly the same coins again.
+//
+// Why not one generator for everything, as run.c has? run.c generates one
+// sequence, so its single stream is that sequence's. An engine samples many
+// requests per step; a shared stream would hand out coins in batch order, and
+// a request's tokens would then depend on who else ran in the same step, and
+// so on every preemption. A generator per request would fix that but is state
+// to carry and restore; a pure function of (seed, output index) carries none,
+// and a test can compute the coin of any token directly.
+//
+// vLLM's sampler offers far more (top-k, min-p, penalties, logprobs) and runs
+// batched on the GPU; we keep run.c's three modes, one request at a time.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +28,8 @@
 namespace pkv {
 
 // Index of the largest logit; the lowest index wins a tie.
+// Greedy decoding. Strict ">" gives the tie rule, as in run.c's sample_argmax,
+// so greedy output is a function of the logits alone.
 inline int argmax(const float* x, int n) {
     int best = 0;
     for (int i = 1; i < n; ++i)
@@ -24,6 +37,10 @@ inline int argmax(const float* x, int n) {
     return best;
 }
 
+// Probabilities from logits, in place. Subtracting the max first keeps exp()
+// from overflowing and changes nothing mathematically: the common factor
+// exp(-max) cancels in the division. Summed in index order, as run.c does, so
+// the result is the same bits on every run.
 inline void softmax_inplace(float* x, int n) {
     float max_val = x[0];
     for (int i = 1; i < n; ++i)
@@ -37,6 +54,9 @@ inline void softmax_inplace(float* x, int n) {
 }
 
 // Sample from probabilities `p` with coin in [0,1): walk the CDF.
+// Inverse-CDF sampling: token i is chosen when the coin lands in its slice
+// [p0 + ... + p(i-1), p0 + ... + pi), whose width is exactly pi. O(vocab) per
+// token, nothing sorted: fine next to a forward pass that is O(params).
 inline int sample_multinomial(const float* p, int n, float coin) {
     float cdf = 0.0f;
     for (int i = 0; i < n; ++i) {
@@ -49,6 +69,8 @@ inline int sample_multinomial(const float* p, int n, float coin) {
 // Top-p: sample among the smallest set of most likely tokens whose probability
 // mass exceeds top_p. Tokens below (1 - top_p) / (n - 1) cannot be in that set,
 // so they are dropped before the sort (run.c's speed trick, same result).
+// `scratch` is [<= n] (probability, id) candidates, passed in so that the
+// engine reuses one buffer for every token instead of allocating per sample.
 inline int sample_top_p(const float* p, int n, float top_p, float coin, std::vector<std::pair<float, int>>& scratch) {
     scratch.clear();
     if (n == 1) return 0;
@@ -59,6 +81,9 @@ inline int sample_top_p(const float* p, int n, float top_p, float coin, std::vec
     // {0.5, 0.5} with top_p 0.01); run.c would then read out of bounds. The
     // nucleus of such a distribution is its most likely token.
     if (scratch.empty()) return argmax(p, n);
+    // Most likely first. stable_sort keeps equal probabilities in id order,
+    // so the nucleus is a function of the probabilities alone; run.c's qsort
+    // leaves the order of ties to the C library.
     std::stable_sort(scratch.begin(), scratch.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     float cum = 0.0f;
     int last = (int)scratch.size() - 1;
@@ -69,16 +94,21 @@ inline int sample_top_p(const float* p, int n, float top_p, float coin, std::vec
             break;
         }
     }
+    // Scale the coin to the nucleus mass instead of renormalizing every
+    // probability in it: the same distribution, one multiply (run.c's way).
     const float r = coin * cum;
     float cdf = 0.0f;
     for (int i = 0; i <= last; ++i) {
         cdf += scratch[i].first;
         if (r < cdf) return scratch[i].second;
     }
-    return scratch[last].second;
+    return scratch[last].second;  // rounding, as in sample_multinomial
 }
 
 // One token from `logits` (modified in place). temperature 0 = greedy.
+// Temperature divides the logits: below 1 it sharpens the distribution, above
+// 1 it flattens it, and 0 is its limit, always the top token. top_p outside
+// (0, 1) means "no nucleus", the same convention as run.c.
 inline int sample_token(float* logits, int n, float temperature, float top_p, float coin,
                         std::vector<std::pair<float, int>>& scratch) {
     if (temperature == 0.0f) return argmax(logits, n);
@@ -89,6 +119,10 @@ inline int sample_token(float* logits, int n, float temperature, float top_p, fl
 }
 
 // run.c's xorshift* generator, for examples/generate's llama2.c compatibility.
+// One state, advanced once per coin, so the k-th coin depends on every coin
+// drawn before it: right for one sequence, the wrong tool for an engine (see
+// the top of this file). The top 24 bits of the output become the float,
+// because a float holds 24 significant bits exactly.
 inline float runc_random_f32(uint64_t& state) {
     state ^= state >> 12;
     state ^= state << 25;
@@ -99,6 +133,11 @@ inline float runc_random_f32(uint64_t& state) {
 
 // The engine's coin: a pure function of (seed, output index), so a request's
 // k-th sampled token sees the same coin however often it is recomputed.
+// Multiplying the seed by splitmix64's golden-ratio constant spreads nearby
+// seeds far apart before the index is added, and the xor-shifts and
+// multiplies then mix the input bits into the top 24 bits that become the coin. Two requests with the same seed draw the same
+// coins, so identical prompts give identical outputs (the forward pass is
+// batch-invariant, so their neighbours in the batch do not matter).
 inline float coin_for(uint64_t seed, int output_index) {
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)output_index;
     uint64_t z = s ^ (s >> 31);

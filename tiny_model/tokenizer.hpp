@@ -3,6 +3,20 @@
 //
 // Encoding and decoding follow llama2.c's run.c step for step, because
 // examples/generate promises byte-identical output to run.c.
+//
+// The engine never sees text: requests arrive as token ids and leave as token
+// ids. The tokenizer lives at the edges (the examples and the tests), which is
+// also where vLLM keeps it, in its front-end process.
+//
+// What tokenizer.bin is: llama2.c's tokenizer.py exports a SentencePiece BPE
+// model as a flat list of (score, piece) pairs. SentencePiece's word marker
+// (U+2581, a lower one-eighth block) becomes a plain space, BOS and EOS become "\n<s>\n" and
+// "\n</s>\n", and the 256 byte-fallback pieces keep their textual names
+// "<0x00>".."<0xFF>" at ids 3..258. The score is the merge priority: of all
+// adjacent pairs, the one whose merged piece scores highest is merged first.
+//
+// Sections: the Tokenizer (load, encode, decode), the built-in vocabulary,
+// and load_model_and_tokenizer(), which the examples call.
 #pragma once
 
 #include <cctype>
@@ -18,20 +32,27 @@
 
 namespace pkv {
 
+// Llama 2's SentencePiece ids, and the built-in vocabulary copies them:
+// 0 is <unk>, 1 BOS, 2 EOS.
 constexpr int kBosId = 1;  // "<s>": starts every sequence; the model emitting it ends generate
 constexpr int kEosId = 2;  // "</s>"
 
 struct Tokenizer {
     std::vector<std::string> vocab;  // [vocab_size] piece bytes
     std::vector<float> scores;       // [vocab_size] merge priority: higher merges first
+    // run.c sorts a copy of the vocabulary once and bsearch()es it for every
+    // lookup. A hash map gives the same answers for a vocabulary without
+    // duplicate pieces, in O(1) per lookup, and needs no comparator.
     std::unordered_map<std::string, int> ids;  // piece -> id
 
     int size() const { return (int)vocab.size(); }
 
+    // Rebuild `ids` from `vocab`: after load(), or after editing vocab by hand.
     void index() {
         ids.clear();
         for (int i = 0; i < size(); ++i) ids.emplace(vocab[i], i);  // first id wins on duplicates
     }
+    // The id of `piece`, or -1 when it is not in the vocabulary.
     int lookup(const std::string& piece) const {
         auto it = ids.find(piece);
         return it == ids.end() ? -1 : it->second;
@@ -40,6 +61,13 @@ struct Tokenizer {
     // ---- tokenizer.bin ------------------------------------------------------
     // uint32 max_token_length, then per token: float32 score, int32 len, len bytes.
     // The file must hold exactly the model's vocab_size tokens.
+    //
+    // run.c uses max_token_length to size its merge buffer and reads exactly
+    // vocab_size tokens, ignoring anything after them; a tokenizer with more
+    // pieces than the model's vocabulary loads without complaint. We use
+    // std::string (no buffer to size), treat max_token_length only as a
+    // sanity bound on each piece, and demand that the token count match.
+    // Every failure names the file (and the token, where one is at fault).
     static Tokenizer load(const std::string& path, int vocab_size) {
         std::ifstream f(path, std::ios::binary | std::ios::ate);
         if (!f) throw FileError(path + ": cannot open tokenizer");
@@ -80,6 +108,21 @@ struct Tokenizer {
     // each of its bytes becomes <0xXX> = byte + 3; 4. repeatedly merge the
     // adjacent pair whose concatenation is a piece with the highest score
     // (strictly greater wins, so the leftmost pair wins a tie).
+    //
+    // With the built-in vocabulary, "the cat" becomes BOS " the" " cat": the
+    // dummy prefix gives the first word the leading space every word piece
+    // has. "Once" stays five tokens (" ", "O", "n", "c", "e"): the vocabulary
+    // only has lowercase words, and BPE can only merge into pieces that exist.
+    // "cafe" with an accented e becomes " ca" "f" <0xC3> <0xA9>: the two
+    // UTF-8 bytes of the e are not a piece, so they fall back to bytes.
+    //
+    // Cost: every merge rescans all pairs and builds a string per pair, so a
+    // text of n characters costs O(n^2) lookups. That is run.c's algorithm,
+    // kept for exactness; prompts here are short. A production BPE keeps the
+    // candidate pairs in a priority queue instead.
+    //
+    // EOS is off by default: a prompt is a prefix for the model to continue,
+    // not a finished text. run.c's generate encodes with BOS on, EOS off too.
     std::vector<int> encode(const std::string& text, bool bos = true, bool eos = false) const {
         std::vector<int> tok;
         if (bos) tok.push_back(kBosId);
@@ -87,15 +130,21 @@ struct Tokenizer {
             int sp = lookup(" ");
             if (sp >= 0) tok.push_back(sp);
         }
+        // Split into code points, not bytes: a multi-byte character that is a
+        // piece of its own must be looked up whole.
         for (size_t i = 0; i < text.size();) {
             size_t len = 1;  // a code point: a lead byte plus up to 3 continuation bytes
             while (i + len < text.size() && len < 4 && ((unsigned char)text[i + len] & 0xC0) == 0x80) ++len;
             std::string cp = text.substr(i, len);
             int id = lookup(cp);
             if (id >= 0) tok.push_back(id);
+            // Byte fallback: byte b is piece <0xXX> at id b + 3. Like run.c we
+            // assume the Llama layout here rather than looking the piece up.
             else for (unsigned char b : cp) tok.push_back(b + 3);
             i += len;
         }
+        // The merge loop: one merge per pass until no adjacent pair forms a
+        // piece. Each merge shortens the sequence by one token.
         for (;;) {
             float best_score = -1e10f;
             int best_id = -1, best_idx = -1;
@@ -119,9 +168,17 @@ struct Tokenizer {
     // The bytes printed for `token` following `prev`: a piece right after BOS
     // loses its leading space; "<0xXX>" is that raw byte; a single-byte piece that
     // is neither printable nor whitespace in the C locale prints nothing.
+    //
+    // The leading space is the dummy prefix that encode() added: dropping it
+    // after BOS makes decode(encode(text)) start where the text started.
+    // Printing nothing for a lone control byte or high byte is run.c's
+    // safe_printf, which guards the terminal; the price is that a character
+    // that fell back to bytes (the accented e above) does not come back.
     std::string render(int prev, int token) const {
         std::string piece = c_str(token);
         if (prev == kBosId && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+        // The isxdigit test rejects a piece such as "<0x-1>", which %X alone
+        // reads as a signed number (run.c's "<0x%02hhX>" accepts it).
         unsigned int byte;
         if (piece.size() >= 4 && piece.compare(0, 3, "<0x") == 0 && std::isxdigit((unsigned char)piece[3]) &&
             std::sscanf(piece.c_str(), "<0x%02X>", &byte) == 1)
@@ -136,9 +193,14 @@ struct Tokenizer {
 
     // Concatenated render of a token sequence (the first token is treated as
     // following BOS when it is BOS itself). Used by tests and the engine's streams.
+    // Decoding one token at a time, as a stream does, gives the same bytes as
+    // decoding the whole sequence, as long as each call passes the previous
+    // token as `prev`: rendering depends on nothing else.
     std::string decode(const std::vector<int>& tokens, int prev = -1) const {
         std::string s;
         for (int t : tokens) {
+            // BOS prints nothing itself; it only strips the space of the token
+            // after it (render's first rule).
             if (t != kBosId) s += render(prev, t);
             prev = t;
         }
@@ -147,6 +209,9 @@ struct Tokenizer {
 
 private:
     // run.c treats pieces as C strings: anything after an embedded NUL is invisible.
+    // We store pieces as std::string (a NUL is legal inside one) but merge and
+    // print them through this, so that a piece with an embedded NUL (only an
+    // unusual or corrupt file has one) behaves exactly as in run.c.
     std::string c_str(int id) const { return std::string(vocab[id].c_str()); }
 };
 
@@ -161,8 +226,20 @@ private:
 // encoded thanks to the byte fallback, and printable ASCII decodes back exactly;
 // bytes >= 0x80 that are not whole pieces print nothing, as in run.c.
 //
-// `row_scale` (per token) tells make_random_model to shrink the embedding rows
+// `row_scale` (per token) tells make_random_model to shrink the classifier rows
 // of everything that is not a whole word, so the random model mostly says words.
+//
+// Why copy llama2.c's layout instead of a plain word list? Then the built-in
+// model and a real checkpoint go through the very same encode and render,
+// and the byte fallback guarantees any string can be encoded. Why the merge
+// chains? BPE only ever merges two adjacent tokens into an existing piece,
+// so to get from " ", "w", "o", "r", "d" to " word" some pair must form a
+// piece at every step; " w", " wo", " wor" are that path, left to right.
+//
+// The words are the kind that fill TinyStories, the children's stories the
+// llama2.c stories models were trained on, so the built-in model's output
+// looks at home next to a real stories checkpoint. The whole vocabulary comes
+// to 994 pieces (the "vocab 994" in the demos' first line).
 
 inline const char* const kBuiltinWords[] = {
     "the", "a", "and", "to", "was", "he", "she", "it", "of", "in", "they", "his", "her", "that", "with", "on",
@@ -187,6 +264,8 @@ inline const char* const kBuiltinWords[] = {
     "him", "me", "my", "your", "our", "us", "i", "an", "as", "by", "if", "or", "here", "have", "has", "get", "got",
 };
 
+// The tokenizer plus one number per token for the model builder: the model
+// is made to fit the vocabulary, never the other way round.
 struct BuiltinVocab {
     Tokenizer tok;
     std::vector<float> row_scale;  // [vocab_size] embedding row scale for make_random_model
@@ -195,6 +274,9 @@ struct BuiltinVocab {
 inline BuiltinVocab builtin_vocab() {
     BuiltinVocab bv;
     Tokenizer& t = bv.tok;
+    // Append a piece unless it exists (the word list has duplicates, and a
+    // chain prefix may repeat another chain's). Ids are assigned in call
+    // order, so the order of the calls below *is* the layout.
     auto add = [&](const std::string& piece, float score, float scale) {
         if (t.lookup(piece) >= 0) return;
         t.vocab.push_back(piece);
@@ -202,21 +284,28 @@ inline BuiltinVocab builtin_vocab() {
         t.ids.emplace(piece, t.size() - 1);
         bv.row_scale.push_back(scale);
     };
+    // Rows of non-word pieces are scaled by this. '.' and ',' keep full scale
+    // so that the random model's stream has some punctuation in it.
     const float kNonWordScale = 0.3f;
     add("<unk>", 0.0f, kNonWordScale);
     add("\n<s>\n", 0.0f, kNonWordScale);
     add("\n</s>\n", 0.0f, kNonWordScale);
+    // Ids 3..258: the byte fallback, byte b at id b + 3, as in Llama 2.
     for (int b = 0; b < 256; ++b) {
         char buf[8];
         std::snprintf(buf, sizeof buf, "<0x%02X>", b);
         add(buf, 0.0f, kNonWordScale);
     }
+    // Single printable characters. Their score of 0 is never read: scores
+    // rank merge *results*, and a merge always yields at least two bytes.
     for (int c = 32; c < 127; ++c) add(std::string(1, (char)c), 0.0f, c == '.' || c == ',' ? 1.0f : kNonWordScale);
     // Merge chains: the score is the piece length, so longer pieces merge first.
     for (const char* w : kBuiltinWords) {
         const std::string word = std::string(" ") + w;
         for (size_t n = 2; n < word.size(); ++n) add(word.substr(0, n), (float)n, kNonWordScale);
     }
+    // Then the whole words, each with score = its length, so that it is the
+    // last merge of its chain.
     for (const char* w : kBuiltinWords) {
         const std::string word = std::string(" ") + w;
         int id = t.lookup(word);
@@ -245,6 +334,10 @@ struct ModelAndTokenizer {
 };
 
 // checkpoint "" = the built-in model (tokenizer_path must then be "" too).
+// With a checkpoint and no -z, we look for "tokenizer.bin" in the current
+// directory, run.c's default. The tokenizer is checked against the model's
+// vocab_size, so a mismatched pair fails here, naming the tokenizer file,
+// instead of producing out-of-range token ids later.
 inline ModelAndTokenizer load_model_and_tokenizer(const std::string& checkpoint, const std::string& tokenizer_path) {
     ModelAndTokenizer mt;
     if (checkpoint.empty()) {

@@ -7,6 +7,9 @@
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
 #   make sanitize   the test suite under -fsanitize=address,undefined (build/asan)
 #   make bench      the CPU benchmark
+#   make cuda       every example and the test binary built by nvcc, in build/cuda
+#                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
+#   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
 #   make clean
 
 BUILD    ?= build
@@ -28,9 +31,13 @@ HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh)
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
-DOCTEST_H := /usr/include/doctest/doctest.h
+# doctest comes from Debian's doctest-dev; DOCTEST_INC=dir uses dir/doctest/doctest.h instead
+# (tests/gpu_check.sh uses that on GPU machines that lack the package).
+DOCTEST_INC ?=
+DOCTEST_H := $(if $(DOCTEST_INC),$(DOCTEST_INC)/doctest/doctest.h,/usr/include/doctest/doctest.h)
+CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC))
 
-.PHONY: all run test debug sanitize bench clean check-doctest
+.PHONY: all run test debug sanitize tsan bench cuda clean check-doctest
 all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -64,6 +71,33 @@ debug:
 sanitize:
 	$(MAKE) BUILD=build/asan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build/asan/tests
 	./build/asan/tests
+
+# ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
+# so a missing __syncthreads() is a data race TSan reports.
+tsan:
+	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/tests
+	./build/tsan/tests -ts=kernels
+
+# ---- nvcc --------------------------------------------------------------------
+# --fmad=false: no fused multiply-add, so the GPU sums round like the CPU ones.
+NVCC      ?= nvcc
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fopenmp -I. \
+             $(if $(DOCTEST_INC),-I$(DOCTEST_INC))
+CUDA_TEST_OBJS := $(patsubst tests/%.cpp,build/cuda/obj/tests/%.o,$(TEST_SRCS))
+
+cuda: $(addprefix build/cuda/,$(EXAMPLES)) build/cuda/tests
+
+build/cuda/%: examples/%.cpp $(HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
+
+build/cuda/obj/tests/%.o: tests/%.cpp $(HEADERS) | check-doctest
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@
+
+build/cuda/tests: $(CUDA_TEST_OBJS)
+	$(NVCC) $(CUDA_ARCH) $^ -o $@ -lgomp
 
 clean:
 	rm -rf build

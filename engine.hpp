@@ -35,6 +35,7 @@
 #include "paged_kv.cuh"
 #include "scheduler.hpp"
 #include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/forward_gpu.cuh"
 #include "tiny_model/model.hpp"
 #include "tiny_model/sampler.hpp"
 
@@ -192,6 +193,10 @@ struct EngineConfig {
     // examples/overload sets ignore_eos so every request does the same work.
     int eos_token_id = 2;
     double log_interval_s = 5.0;  // periodic log line; <= 0 = never
+    // Where the model runs: the CPU forward, or the CUDA kernels (on a GPU in a
+    // `make cuda` build, emulated on the CPU otherwise). The scheduler, the
+    // pool and everything in this file are the same for all three.
+    Device device = Device::kCpu;
 };
 
 class Engine {
@@ -204,14 +209,15 @@ public:
     //
     // Members are initialized in declaration order (see the bottom of the
     // class), and that order is a dependency chain: cfg_ is derived first,
-    // then the cache and pool are sized from it, then the scheduler checks
-    // max_model_len against the pool, then the forward pass binds to the cache.
+    // then the pool is sized from it, then the scheduler checks max_model_len
+    // against the pool, then the model runner allocates the KV cache itself
+    // (in host memory for the CPU, in device memory for the kernels).
     Engine(const Model& model, EngineConfig cfg, Clock* clock = nullptr)
         : model_(model), cfg_(derive(model, cfg)),
-          cache_(KVGeometry{model.cfg.n_layers, cfg_.num_blocks, cfg_.block_size, model.cfg.n_kv_heads, model.cfg.head_dim()}),
+          geo_{model.cfg.n_layers, cfg_.num_blocks, cfg_.block_size, model.cfg.n_kv_heads, model.cfg.head_dim()},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching),
           sched_(cfg_.sched, pool_),
-          fwd_(model_, cache_),
+          runner_(make_model_runner(cfg_.device, model_, geo_)),
           clock_(clock ? clock : &wall_clock_) {
         last_log_time_ = clock_->now();
     }
@@ -239,9 +245,11 @@ public:
         const long pool_tokens = (long)cfg_.num_blocks * cfg_.block_size;
         char buf[400];
         std::snprintf(buf, sizeof buf,
-                      "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB, %d layers). max_model_len %d. "
+                      "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB, %d layers, on %s). max_model_len %d. "
                       "Maximum concurrency for %d tokens per request: %.2fx",
-                      cfg_.num_blocks, cfg_.block_size, pool_tokens, cache_.bytes() / 1048576.0, model_.cfg.n_layers,
+                      cfg_.num_blocks, cfg_.block_size, pool_tokens,
+                      2.0 * geo_.num_layers * geo_.floats_per_layer() * sizeof(float) / 1048576.0, model_.cfg.n_layers,
+                      to_string(cfg_.device),
                       cfg_.sched.max_model_len, cfg_.sched.max_model_len, (double)pool_tokens / cfg_.sched.max_model_len);
         return buf;
     }
@@ -322,8 +330,16 @@ public:
         }
         // The forward pass writes K/V of every batch token into its slot and
         // fills logits_ with one row per entry of `sampled`, in the same order
-        // (both were appended in the loop above).
-        if (batch.num_tokens() > 0) fwd_.forward(batch, logits_);
+        // (both were appended in the loop above). When every request sampled
+        // this step is greedy, only the argmax of each row is needed: the
+        // runner computes it where the logits are (on a GPU that saves copying
+        // a vocab-sized row per request back to the host).
+        bool all_greedy = true;
+        for (const Request* r : sampled) all_greedy = all_greedy && r->params.temperature == 0.0f;
+        if (batch.num_tokens() > 0) {
+            if (all_greedy) runner_->forward_argmax(batch, greedy_);
+            else runner_->forward(batch, logits_);
+        }
         for (const ScheduledRequest& s : so.scheduled) sched_.on_computed(*s.req, s.num_new_tokens);
 
         // Sample one token for every request whose sequence is fully computed.
@@ -335,13 +351,17 @@ public:
             Request& r = *sampled[i];
             if (r.finished()) continue;  // aborted from an event callback earlier in this loop
             const int out_index = r.num_output_tokens();
-            float* row = logits_.data() + i * V;  // [vocab] this request's logits
             // The coin depends only on (seed, output index), never on the step
             // or the batch: a recomputed request draws the same coin for its
             // k-th token as it would have without preemption (sampler.hpp).
             // Greedy needs no coin, so we skip the hashing.
-            const float coin = r.params.temperature == 0.0f ? 0.0f : coin_for(r.params.seed, out_index);
-            const int token = sample_token(row, V, r.params.temperature, r.params.top_p, coin, scratch_);
+            int token;
+            if (all_greedy) token = greedy_[i];
+            else {
+                float* row = logits_.data() + i * V;  // [vocab] this request's logits
+                const float coin = r.params.temperature == 0.0f ? 0.0f : coin_for(r.params.seed, out_index);
+                token = sample_token(row, V, r.params.temperature, r.params.top_p, coin, scratch_);
+            }
             r.tokens.push_back(token);
             record_token_latency(r, t_out);
             metrics_.generation_tokens_total++;
@@ -531,19 +551,21 @@ private:
         if (clock_->now() - last_log_time_ >= cfg_.log_interval_s) on_log(log_line());
     }
 
-    // Declaration order is construction order: keep cfg_ before cache_,
+    // Declaration order is construction order: keep cfg_ before geo_,
     // pool_ and sched_ (the constructor reads the derived cfg_).
     const Model& model_;
     EngineConfig cfg_;
-    // K and V per layer: [n_layers][num_blocks, block_size, n_kv_heads, head_dim].
-    KVCache cache_;
-    BlockPool pool_;     // who owns which of cache_'s blocks
+    // The KV cache's shape: K and V per layer, [num_blocks, block_size, n_kv_heads, head_dim].
+    KVGeometry geo_;
+    BlockPool pool_;     // who owns which of the cache's blocks
     Scheduler sched_;
-    CpuForward fwd_;     // reads weights from model_, reads and writes cache_
+    // The model and the KV cache memory itself, on the configured device.
+    std::unique_ptr<ModelRunner> runner_;
     WallClock wall_clock_;
     Clock* clock_;       // &wall_clock_ unless the caller supplied one
     Metrics metrics_;
     std::vector<float> logits_;                      // [num sampled, vocab]
+    std::vector<int32_t> greedy_;                    // [num sampled] argmax, when all are greedy
     // [<= vocab] top-p candidates (probability, id), reused so that sampling
     // allocates nothing per token once it has grown.
     std::vector<std::pair<float, int>> scratch_;     // top-p scratch

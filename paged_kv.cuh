@@ -10,7 +10,9 @@
 //   3. prefix caching: chained block hashes, a hash -> block map, lazy eviction;
 //   4. block tables: growing a request's table, freeing it tail first;
 //   5. the CPU reference paged attention, which the model uses on the CPU and
-//      which is the oracle every faster kernel is tested against.
+//      which is the oracle every faster kernel is tested against;
+//   6. the CUDA kernels: reshape_and_cache and paged_attention (they also run
+//      on the CPU, emulated, through cuda_shim.hpp).
 //
 // Read it top to bottom; each section only uses what came before it.
 #pragma once
@@ -19,9 +21,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "cuda_shim.hpp"
 
 // Functions that both the CPU and a CUDA kernel call are marked PKV_HD. Under
 // nvcc that is `__host__ __device__`; under g++/clang++ it is nothing, so the very
@@ -519,6 +524,219 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             }
         }
     }
+}
+
+// ============================================================================
+// 6. The CUDA kernels
+// ============================================================================
+//
+// Two kernels touch the cache, exactly as in vLLM: one writes it, one reads it.
+// Both are ordinary CUDA; under g++ they run emulated (cuda_shim.hpp), which
+// is how `make test` checks them against section 5 on a machine with no GPU.
+// Kernels are `static`: this header is included by many translation units,
+// and a __global__ function may not be `inline`, so each unit gets its own copy.
+
+// Load four consecutive floats. On the GPU one 16-byte load instruction (the
+// address must be 16-byte aligned: head vectors start at multiples of head_dim
+// floats, which is why head_dim must be a multiple of 4); emulated, four loads.
+PKV_HD inline void load4(const float* p, float& a, float& b, float& c, float& d) {
+#ifdef __CUDA_ARCH__
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    a = v.x; b = v.y; c = v.z; d = v.w;
+#else
+    a = p[0]; b = p[1]; c = p[2]; d = p[3];
+#endif
+}
+
+// ---- reshape_and_cache ---------------------------------------------------------
+// grid (num_tokens), block (128): token t's K and V vectors (all kv heads) go to
+// slot slot_mapping[t]. A slot < 0 means "do not cache" (vLLM's padding rule).
+// No shared memory, no barrier: every element is copied by exactly one thread.
+static __global__ void reshape_and_cache_kernel(const float* k,        // [num_tokens, n_kv_heads * head_dim]
+                                         const float* v,        // [num_tokens, n_kv_heads * head_dim]
+                                         float* k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                         float* v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                         const int64_t* slot_mapping,  // [num_tokens]
+                                         int n_kv_heads, int head_dim) {
+    const int t = blockIdx.x;
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    const int kv_dim = n_kv_heads * head_dim;
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+        const int64_t dst = kv_offset(slot, i / head_dim, n_kv_heads, head_dim) + i % head_dim;
+        k_cache[dst] = k[(size_t)t * kv_dim + i];
+        v_cache[dst] = v[(size_t)t * kv_dim + i];
+    }
+}
+
+inline void reshape_and_cache(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slot_mapping,
+                              int num_tokens, int n_kv_heads, int head_dim) {
+    launch(reshape_and_cache_kernel, dim3(num_tokens), dim3(128), 0, k, v, k_cache, v_cache, slot_mapping, n_kv_heads,
+           head_dim);
+}
+
+// ---- paged_attention -----------------------------------------------------------
+//
+// One kernel for prefill, decode and recompute: every query token carries its
+// own causal context (position + 1) and its sequence's block table, exactly as
+// paged_attention_ref takes them.
+//
+// grid (num_tokens, n_kv_heads), block (128 threads). One thread block serves
+// one query token and one KV head, i.e. the whole GQA *group* of G = n_heads /
+// n_kv_heads query heads that read that KV head: every K/V vector is loaded
+// from global memory once and used by all G heads. (One block per query head
+// would load each K/V G times.)
+//
+// The context is walked in tiles of TK keys. Per tile:
+//   1. all threads copy the tile's K and V head vectors into shared memory with
+//      16-byte loads; consecutive threads read consecutive floats of a head
+//      vector, so a warp's loads coalesce into full 128-byte lines;
+//   2. each (query head, key) pair of the tile gets its score q.k / sqrt(hd),
+//      summed in order of d, like the reference;
+//   3. one thread per query head folds the tile into that head's *online
+//      softmax*: new running max m' = max(m, tile max), the old sum and output
+//      are rescaled by exp(m - m'), p_j = exp(s_j - m'), sum += p_j. This is
+//      what lets the context be any length: nothing grows with it but the loop.
+//      (A serial step of TK exps per head: short next to the tile's loads.)
+//   4. each thread owns some (head, d) output elements and adds sum_j p_j v_j[d]
+//      into its registers, in order of j.
+// At the end, out = acc / sum. Everything is float32.
+//
+// What production kernels add on top: vLLM's paged_attention v1/v2 split a long
+// context across several thread blocks (v2, "split-KV", then a reduction
+// kernel) so a single decode fills the GPU; they use warp shuffles for the dot
+// products and fp16/bf16 or fp8 caches. FlashInfer pipelines tiles with cp.async
+// (on Hopper, TMA) so the next tile loads while this one computes, and uses
+// tensor cores for the QK^T and PV products of prefill. We do none of that: one
+// pass, synchronous tiles, CUDA cores -- straightforward, not naive.
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnMaxPairsPerThread = 16;  // (head, d) outputs per thread: G * head_dim <= 2048
+
+// Floats of shared memory the kernel needs for a tile of tk keys.
+PKV_HD inline int attention_smem_floats(int group, int head_dim, int tk) {
+    return group * head_dim          // q of the group's heads      [G, hd]
+           + tk * (head_dim + 1)     // K tile, rows padded by one   [TK, hd+1]
+           + tk * head_dim           // V tile                       [TK, hd]
+           + group * tk              // scores, then p               [G, TK]
+           + 3 * group;              // m, l, rescale factor          [3, G]
+}
+
+// The largest tile (power of two, at most 64 keys) that fits in 48 KiB, the
+// shared memory every CUDA GPU gives a block without opting in.
+inline int attention_tile_keys(int group, int head_dim) {
+    int tk = 64;
+    while (tk > 1 && attention_smem_floats(group, head_dim, tk) * 4 > 48 * 1024) tk /= 2;
+    return tk;
+}
+
+static __global__ void paged_attention_kernel(float* out,                   // [num_tokens, n_heads, head_dim]
+                                       const float* q,               // [num_tokens, n_heads, head_dim]
+                                       const float* k_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                       const float* v_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                       const int32_t* block_tables,  // [num_seqs, max_blocks_per_seq]
+                                       const int32_t* token_seq,     // [num_tokens]
+                                       const int32_t* positions,     // [num_tokens]
+                                       AttentionShape s, int tk) {
+    const int t = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x, nthr = blockDim.x;
+    const int hd = s.head_dim, G = s.n_heads / s.n_kv_heads;
+    const int ctx = positions[t] + 1;
+    const int32_t* table = block_tables + (size_t)token_seq[t] * s.max_blocks_per_seq;
+    const float scale_div = sqrtf((float)hd);
+
+    float* sq = shared_memory<float>();         // [G, hd]
+    float* sk = sq + G * hd;                    // [tk, hd + 1]
+    float* sv = sk + tk * (hd + 1);             // [tk, hd]
+    float* sp = sv + tk * hd;                   // [G, tk]
+    float* sm = sp + G * tk;                    // [G] running max
+    float* sl = sm + G;                         // [G] running sum
+    float* sa = sl + G;                         // [G] rescale factor of this tile
+
+    // The group's query vectors; heads kvh*G .. kvh*G+G-1 are contiguous.
+    const float* qg = q + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
+    for (int i = tid; i < G * hd; i += nthr) sq[i] = qg[i];
+    if (tid < G) { sm[tid] = -INFINITY; sl[tid] = 0.0f; }
+    // This thread's (head, d) outputs: pair = r * nthr + tid. The r loops below
+    // have constant bounds and are unrolled, so acc[] lives in registers.
+    float acc[kAttnMaxPairsPerThread];
+    for (int r = 0; r < kAttnMaxPairsPerThread; ++r) acc[r] = 0.0f;
+    __syncthreads();
+
+    for (int start = 0; start < ctx; start += tk) {
+        const int n = ctx - start < tk ? ctx - start : tk;  // keys in this tile
+        // 1. K and V tile -> shared memory, four floats per load.
+        const int vec_per_key = hd / 4;
+        for (int i = tid; i < n * vec_per_key; i += nthr) {
+            const int j = i / vec_per_key, d = (i % vec_per_key) * 4;
+            const int64_t off = kv_offset(slot_of(table, start + j, s.block_size), kvh, s.n_kv_heads, hd) + d;
+            float a, b, c, e;
+            load4(k_cache + off, a, b, c, e);
+            float* kr = sk + j * (hd + 1) + d;  // padded row: scalar stores
+            kr[0] = a; kr[1] = b; kr[2] = c; kr[3] = e;
+            load4(v_cache + off, a, b, c, e);
+            float* vr = sv + j * hd + d;
+            vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
+        }
+        __syncthreads();
+        // 2. Scores for every (head, key) pair of the tile.
+        for (int i = tid; i < G * n; i += nthr) {
+            const int h = i / n, j = i % n;
+            const float* qh = sq + h * hd;
+            const float* kj = sk + j * (hd + 1);
+            float dot = 0.0f;
+            for (int d = 0; d < hd; ++d) dot += qh[d] * kj[d];
+            sp[h * tk + j] = dot / scale_div;
+        }
+        __syncthreads();
+        // 3. Online softmax, one thread per query head.
+        if (tid < G) {
+            float* ph = sp + tid * tk;
+            float m_new = sm[tid];
+            for (int j = 0; j < n; ++j) m_new = fmaxf(m_new, ph[j]);
+            const float alpha = expf(sm[tid] - m_new);  // exp(-inf) = 0 on the first tile
+            float sum = sl[tid] * alpha;
+            for (int j = 0; j < n; ++j) {
+                ph[j] = expf(ph[j] - m_new);
+                sum += ph[j];
+            }
+            sm[tid] = m_new;
+            sl[tid] = sum;
+            sa[tid] = alpha;
+        }
+        __syncthreads();
+        // 4. Rescale and accumulate p . V for this thread's (head, d) pairs.
+        for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {
+            const int pair = r * nthr + tid, h = pair / hd, d = pair % hd;
+            if (pair >= G * hd) break;
+            float a = acc[r] * sa[h];
+            const float* ph = sp + h * tk;
+            for (int j = 0; j < n; ++j) a += ph[j] * sv[j * hd + d];
+            acc[r] = a;
+        }
+        __syncthreads();  // the next tile overwrites sk, sv, sp
+    }
+    float* og = out + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
+    for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {
+        const int pair = r * nthr + tid;
+        if (pair >= G * hd) break;
+        og[pair] = acc[r] / sl[pair / hd];
+    }
+}
+
+// Host side: check the shape, size the tile, launch. All pointers are device
+// pointers (host memory under emulation).
+inline void paged_attention(float* out, const float* q, const float* k_cache, const float* v_cache,
+                            const int32_t* block_tables, const int32_t* token_seq, const int32_t* positions, int num_tokens,
+                            const AttentionShape& s) {
+    if (s.head_dim % 4 != 0 || s.head_dim > 256) throw std::invalid_argument("paged_attention: head_dim must be a multiple of 4, at most 256");
+    if (s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("paged_attention: n_heads must be a multiple of n_kv_heads");
+    const int G = s.n_heads / s.n_kv_heads;
+    if (G * s.head_dim > kAttnThreads * kAttnMaxPairsPerThread)
+        throw std::invalid_argument("paged_attention: (n_heads / n_kv_heads) * head_dim must be at most 2048");
+    const int tk = attention_tile_keys(G, s.head_dim);
+    launch(paged_attention_kernel, dim3(num_tokens, s.n_kv_heads), dim3(kAttnThreads),
+           (size_t)attention_smem_floats(G, s.head_dim, tk) * sizeof(float), out, q, k_cache, v_cache, block_tables,
+           token_seq, positions, s, tk);
 }
 
 }  // namespace pkv

@@ -13,11 +13,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <memory>
 #include <string>
 
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
-#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/forward_gpu.cuh"
 #include "tiny_model/sampler.hpp"
 #include "tiny_model/tokenizer.hpp"
 
@@ -37,6 +38,8 @@ void usage(FILE* out) {
                  "pagedkv options:\n"
                  "  --num-blocks <int>  KV cache blocks, default: enough for -n positions\n"
                  "  --block-size <int>  positions per block, default 16\n"
+                 "  --device <name>     cpu (default), emulated (the CUDA kernels run on the CPU;\n"
+                 "                      CPU build only) or cuda (a GPU; `make cuda` build only)\n"
                  "  --help              this text\n");
 }
 
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
     unsigned long long seed = 0;
     long steps = 256;
     long num_blocks = 0, block_size = 16;
+    std::string device_name = "cpu";
 
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -59,7 +63,7 @@ int main(int argc, char** argv) {
             checkpoint = a;
             continue;
         }
-        static const char* const kFlags[] = {"-t", "-p", "-s", "-n", "-i", "-z", "--num-blocks", "--block-size"};
+        static const char* const kFlags[] = {"-t", "-p", "-s", "-n", "-i", "-z", "--num-blocks", "--block-size", "--device"};
         if (std::find(std::begin(kFlags), std::end(kFlags), a) == std::end(kFlags)) cli::bad_usage("unknown option " + a);
         if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
         const char* val = argv[++i];
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
         else if (a == "-z") tokenizer_path = val;
         else if (a == "--num-blocks") num_blocks = cli::parse_int("--num-blocks", val);
         else if (a == "--block-size") block_size = cli::parse_int("--block-size", val);
+        else if (a == "--device") device_name = val;
     }
     // run.c's parameter clean-up.
     if (seed == 0) seed = (unsigned int)std::time(nullptr);
@@ -97,11 +102,21 @@ int main(int argc, char** argv) {
         return 1;
     }
     pkv::KVGeometry geo{cfg.n_layers, (int)num_blocks, (int)block_size, cfg.n_kv_heads, cfg.head_dim()};
-    pkv::KVCache cache(geo);
+    std::unique_ptr<pkv::ModelRunner> runner;
+    try {
+        runner = pkv::make_model_runner(pkv::parse_device(device_name), mt.model, geo);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "generate: %s\n", e.what());
+        return 1;
+    }
     pkv::BlockPool pool((int)num_blocks, (int)block_size, /*enable_prefix_caching=*/false);
     pkv::BlockTable table;
-    pkv::CpuForward fwd(mt.model, cache);
     std::vector<float> logits;
+    std::vector<int32_t> greedy;  // -t 0: the argmax, computed where the logits are
+    auto forward = [&](const pkv::ForwardBatch& b) {
+        if (temperature == 0.0f) runner->forward_argmax(b, greedy);
+        else runner->forward(b, logits);
+    };
     std::vector<std::pair<float, int>> scratch;
     uint64_t rng = seed;
 
@@ -114,7 +129,7 @@ int main(int argc, char** argv) {
     {
         pkv::ForwardBatch b;
         b.add_sequence(table.blocks, (int)block_size, prompt_tokens.data(), 0, P, true);
-        fwd.forward(b, logits);
+        forward(b);
     }
     for (int i = 1; i < P; ++i) std::fputs(mt.tok.render(prompt_tokens[i - 1], prompt_tokens[i]).c_str(), stdout);
     std::fflush(stdout);
@@ -127,8 +142,8 @@ int main(int argc, char** argv) {
         int next;
         if (pos < num_prompt - 1) next = prompt_tokens[pos + 1];  // a prompt cut short by -n
         else {
-            float coin = temperature == 0.0f ? 0.0f : pkv::runc_random_f32(rng);
-            next = pkv::sample_token(logits.data(), cfg.vocab_size, temperature, top_p, coin, scratch);
+            if (temperature == 0.0f) next = greedy[0];
+            else next = pkv::sample_token(logits.data(), cfg.vocab_size, temperature, top_p, pkv::runc_random_f32(rng), scratch);
         }
         ++pos;
         if (next == pkv::kBosId) break;  // run.c stops when the model says BOS
@@ -139,7 +154,7 @@ int main(int argc, char** argv) {
         pkv::allocate_slots(pool, table, {}, pos + 1);  // a new block every block_size positions
         pkv::ForwardBatch b;
         b.add_sequence(table.blocks, (int)block_size, &token, pos, 1, true);
-        fwd.forward(b, logits);
+        forward(b);
     }
     std::printf("\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -41,6 +41,7 @@ struct Options {
     uint64_t seed = 1;
     double temperature = 0.0;
     double log_interval = 0.2;
+    pkv::Device device = pkv::Device::kCpu;
 };
 
 void usage(FILE* out) {
@@ -63,6 +64,8 @@ void usage(FILE* out) {
                  "  --seed N                    workload and sampling seed (default 1)\n"
                  "  --no-lanes                  skip the per-step lanes\n"
                  "  --log-interval S            seconds between INFO log lines on stderr (default 0.2; 0 = off)\n"
+                 "  --device cpu|emulated|cuda  where the model runs (default cpu; emulated = the CUDA kernels\n"
+                 "                              on the CPU, slow; cuda = a GPU, `make cuda` build)\n"
                  "  --json                      one JSON object on stdout (requests + metrics), nothing else\n"
                  "  -z FILE                     tokenizer for a checkpoint\n",
                  d.num_blocks, d.block_size, d.requests, d.max_num_seqs, d.max_num_batched_tokens, d.max_tokens, d.prompt_len);
@@ -94,6 +97,13 @@ Options parse(int argc, char** argv) {
         else if (a == "--seed") o.seed = (uint64_t)cli::parse_int(a, v);
         else if (a == "--temperature") o.temperature = cli::parse_float(a, v);
         else if (a == "--log-interval") o.log_interval = cli::parse_float(a, v);
+        else if (a == "--device") {
+            try {
+                o.device = pkv::parse_device(v);
+            } catch (const std::invalid_argument& e) {
+                cli::bad_usage(e.what());
+            }
+        }
         else if (a == "--prefix-caching") o.prefix_caching = cli::parse_on_off(a, v);
         else if (a == "--admission") {
             if (std::string(v) == "bet") o.admission = pkv::Admission::kBet;
@@ -120,6 +130,36 @@ std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint64_t se
     }
     ids.resize(len);
     return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+pkv::EngineConfig engine_config(const Options& opt, pkv::Device device) {
+    pkv::EngineConfig ec;
+    ec.num_blocks = opt.num_blocks;
+    ec.block_size = opt.block_size;
+    ec.enable_prefix_caching = opt.prefix_caching;
+    ec.sched.max_num_seqs = opt.max_num_seqs;
+    ec.sched.max_num_batched_tokens = opt.max_num_batched_tokens;
+    ec.sched.max_model_len = opt.max_model_len;
+    ec.sched.admission = opt.admission;
+    ec.sched.max_waiting = opt.max_waiting;
+    ec.log_interval_s = opt.log_interval;
+    ec.device = device;
+    return ec;
+}
+
+// All requests arrive at once; returns their prompts.
+std::vector<std::vector<int32_t>> add_workload(pkv::Engine& eng, const pkv::Tokenizer& tok, const Options& opt) {
+    pkv::SamplingParams sp;
+    sp.max_tokens = opt.max_tokens;
+    sp.temperature = (float)opt.temperature;
+    sp.ignore_eos = true;  // every request generates exactly max_tokens: a fixed amount of work
+    std::vector<std::vector<int32_t>> prompts(opt.requests);
+    for (int i = 0; i < opt.requests; ++i) {
+        prompts[i] = make_prompt(tok, opt.prompt_len, opt.seed * 1000003 + i);
+        sp.seed = opt.seed * 7919 + i;
+        eng.add_request(prompts[i], sp);
+    }
+    return prompts;
 }
 
 std::string json_escape(const std::string& s) {
@@ -153,20 +193,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "overload: %s\n", e.what());
         return 1;
     }
-    pkv::EngineConfig ec;
-    ec.num_blocks = opt.num_blocks;
-    ec.block_size = opt.block_size;
-    ec.enable_prefix_caching = opt.prefix_caching;
-    ec.sched.max_num_seqs = opt.max_num_seqs;
-    ec.sched.max_num_batched_tokens = opt.max_num_batched_tokens;
-    ec.sched.max_model_len = opt.max_model_len;
-    ec.sched.admission = opt.admission;
-    ec.sched.max_waiting = opt.max_waiting;
-    ec.log_interval_s = opt.log_interval;
     std::unique_ptr<pkv::Engine> engine;
     try {
-        engine = std::make_unique<pkv::Engine>(mt.model, ec);
-    } catch (const std::invalid_argument& e) {
+        engine = std::make_unique<pkv::Engine>(mt.model, engine_config(opt, opt.device));
+    } catch (const std::exception& e) {  // a bad size, or a device this build cannot run
         std::fprintf(stderr, "overload: %s\n", e.what());
         return 1;
     }
@@ -215,17 +245,8 @@ int main(int argc, char** argv) {
     };
     if (show) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
 
-    pkv::SamplingParams sp;
-    sp.max_tokens = opt.max_tokens;
-    sp.temperature = (float)opt.temperature;
-    sp.ignore_eos = true;  // every request generates exactly max_tokens: a fixed amount of work
-    std::vector<std::vector<int32_t>> prompts(R);
-    for (int i = 0; i < R; ++i) {
-        prompts[i] = make_prompt(mt.tok, opt.prompt_len, opt.seed * 1000003 + i);
-        prev_token[i] = prompts[i].back();
-        sp.seed = opt.seed * 7919 + i;
-        eng.add_request(prompts[i], sp);
-    }
+    const std::vector<std::vector<int32_t>> prompts = add_workload(eng, mt.tok, opt);
+    for (int i = 0; i < R; ++i) prev_token[i] = prompts[i].back();
     if (show) {
         for (int i = 0; i < R; ++i)
             if (eng.request(i)->finish_reason == pkv::FinishReason::kRejected)
@@ -346,7 +367,22 @@ int main(int argc, char** argv) {
                 1e3 * m.time_to_first_token.percentile(99));
     std::printf("  end-to-end latency       p50 %.1f ms  p99 %.1f ms\n", 1e3 * m.e2e_request_latency.percentile(50),
                 1e3 * m.e2e_request_latency.percentile(99));
-    std::printf("  throughput               %.0f useful tok/s, %.0f processed tok/s, %ld steps in %.2f s\n",
-                m.generation_tokens_total / wall, m.computed_tokens_total / wall, m.num_steps, wall);
+    std::printf("  throughput               %.0f useful tok/s, %.0f processed tok/s, %ld steps in %.2f s (%s)\n",
+                m.generation_tokens_total / wall, m.computed_tokens_total / wall, m.num_steps, wall, pkv::to_string(opt.device));
+    if (opt.device != pkv::Device::kCpu) {
+        // The same workload on the CPU, for the figure beside it (and a check:
+        // the tokens must be the same; greedy argmax of float32 logits can
+        // only differ on a near-tie, which we would report).
+        pkv::Engine cpu(mt.model, engine_config(opt, pkv::Device::kCpu));
+        add_workload(cpu, mt.tok, opt);
+        const auto c0 = std::chrono::steady_clock::now();
+        cpu.run_until_done();
+        const double cpu_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        int same = 0;
+        for (int i = 0; i < R; ++i) same += cpu.request(i)->tokens == eng.request(i)->tokens;
+        std::printf("  same workload on cpu     %.0f useful tok/s (%s is %.2fx the CPU); %d of %d requests token-identical\n",
+                    cpu.metrics().generation_tokens_total / cpu_wall, pkv::to_string(opt.device),
+                    (m.generation_tokens_total / wall) / (cpu.metrics().generation_tokens_total / cpu_wall), same, R);
+    }
     return 0;
 }

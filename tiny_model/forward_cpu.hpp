@@ -76,17 +76,21 @@ private:
 // Eight partial sums let the CPU keep several multiply-adds in flight (and let
 // the compiler use one 8-wide vector register) instead of waiting on one long
 // dependency chain. The order of additions is fixed by n alone -- never by the
-// batch -- which is what batch invariance rests on.
+// batch -- which is what batch invariance rests on. Partial sum l takes the
+// terms j = l, l+8, l+16, ... in increasing j; then combine8() folds the eight
+// in one fixed tree; then the n % 8 leftover terms are added in order. The GPU
+// GEMM (forward_gpu.cuh) follows exactly this order, so it computes the very
+// same floats.
+PKV_HD inline float combine8(const float a[8]) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 inline float dot(const float* w, const float* x, int n) {
-    float a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        a0 += w[j] * x[j];         a1 += w[j + 1] * x[j + 1];
-        a2 += w[j + 2] * x[j + 2]; a3 += w[j + 3] * x[j + 3];
-        a4 += w[j + 4] * x[j + 4]; a5 += w[j + 5] * x[j + 5];
-        a6 += w[j + 6] * x[j + 6]; a7 += w[j + 7] * x[j + 7];
-    }
-    float sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; ++l) a[l] += w[j + l] * x[j + l];
+    float sum = combine8(a);
     for (; j < n; ++j) sum += w[j] * x[j];
     return sum;
 }
@@ -116,17 +120,28 @@ inline void rmsnorm(float* o, const float* x, const float* weight, int n) {
     for (int j = 0; j < n; ++j) o[j] = weight[j] * (ss * x[j]);
 }
 
-// RoPE on interleaved pairs (2i, 2i+1) of each head, theta 10000: rotate the pair
-// by angle pos * 10000^(-2i/head_dim). `vec` holds `n` floats (all heads).
+// RoPE on interleaved pairs (2i, 2i+1) of each head, theta 10000: rotate the
+// pair that starts at index i of a head (i even) at position pos by the angle
+// pos * 10000^(-i/head_dim). Computed exactly as run.c does (powf, then cosf and
+// sinf of a float angle); the GPU path gets these same numbers from a table the
+// host fills with this function.
+inline void rope_cos_sin(int pos, int i, int head_dim, float& fcr, float& fci) {
+    const float freq = 1.0f / std::pow(10000.0f, i / (float)head_dim);
+    const float val = pos * freq;
+    fcr = std::cos(val);
+    fci = std::sin(val);
+}
+PKV_HD inline void rope_rotate(float* pair, float fcr, float fci) {
+    const float v0 = pair[0], v1 = pair[1];
+    pair[0] = v0 * fcr - v1 * fci;
+    pair[1] = v0 * fci + v1 * fcr;
+}
+// Rotate every pair of `vec` (n floats: all heads of one token).
 inline void rope(float* vec, int n, int head_dim, int pos) {
     for (int i = 0; i < n; i += 2) {
-        const int hd = i % head_dim;
-        const float freq = 1.0f / std::pow(10000.0f, hd / (float)head_dim);
-        const float val = pos * freq;
-        const float fcr = std::cos(val), fci = std::sin(val);
-        const float v0 = vec[i], v1 = vec[i + 1];
-        vec[i] = v0 * fcr - v1 * fci;
-        vec[i + 1] = v0 * fci + v1 * fcr;
+        float fcr, fci;
+        rope_cos_sin(pos, i % head_dim, head_dim, fcr, fci);
+        rope_rotate(vec + i, fcr, fci);
     }
 }
 

@@ -1,0 +1,358 @@
+// tiny_model/forward_gpu.cuh -- the same transformer as forward_cpu.hpp, as
+// CUDA kernels, plus the choice of where a model runs (--device).
+//
+// Under nvcc these kernels run on the GPU; under g++ they run emulated on the
+// CPU (cuda_shim.hpp), so every line here is exercised by `make test` on a
+// laptop. The forward pass is forward_cpu.hpp's, step for step; only the
+// loops became kernel launches:
+//
+//   embedding -> per layer: rmsnorm, q/k/v gemm, rope, reshape_and_cache,
+//   paged_attention, o gemm, residual add, rmsnorm, w1/w3 gemm, swiglu, w2 gemm,
+//   residual add -> rmsnorm of the rows that want logits -> classifier gemm
+//
+// Numerics. Every reduction here runs in a fixed order that depends only on
+// the vector length, never on the batch, so the GPU path is batch-invariant
+// on its own terms: a recomputed request reproduces its tokens bit for bit.
+// Against the CPU path: the GEMM and RMSNorm use exactly the CPU's order, and
+// RoPE angles come from the CPU's own function, so those are bit-identical
+// (nvcc must not fuse multiply-adds: the Makefile passes --fmad=false). What
+// differs on a real GPU is expf (CUDA's is not glibc's) and attention's online
+// softmax, so logits agree to ~1e-5 rather than exactly. Emulated, expf is
+// glibc's; only the softmax order differs.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_shim.hpp"
+#include "paged_kv.cuh"
+#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/model.hpp"
+#include "tiny_model/sampler.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. Kernels
+// ============================================================================
+
+// grid (T), block (128): x[t] = embedding row of token t.
+static __global__ void embedding_kernel(float* x, const float* emb, const int32_t* tokens, int dim) {
+    const float* row = emb + (size_t)tokens[blockIdx.x] * dim;  // [dim]
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) x[(size_t)blockIdx.x * dim + i] = row[i];
+}
+
+// grid (R), block (128): out[r] = rmsnorm(x[rows ? rows[r] : r]) * w.
+// The sum of squares is summed by *every* thread, sequentially, in the CPU's
+// order: dim multiply-adds of redundant work buy an exact match with the CPU
+// and no barrier (a tree reduction would reorder the sum).
+static __global__ void rmsnorm_kernel(float* out, const float* x, const float* w, const int32_t* rows, int dim) {
+    const int r = blockIdx.x;
+    const float* xr = x + (size_t)(rows ? rows[r] : r) * dim;  // [dim]
+    float ss = 0.0f;
+    for (int j = 0; j < dim; ++j) ss += xr[j] * xr[j];
+    ss /= dim;
+    ss += 1e-5f;
+    ss = 1.0f / sqrtf(ss);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[(size_t)r * dim + i] = w[i] * (ss * xr[i]);
+}
+
+// ---- the GEMM ------------------------------------------------------------------
+// out[t][o] = W[o] . x[t]; W is [d][n] (llama2.c's [out][in]), x [T][n], out [T][d].
+//
+// grid (ceil(d / 128), ceil(T / 4)), block (128). A block computes 128 outputs
+// for 4 tokens. The K dimension is walked in tiles of 32: the block copies a
+// 128 x 32 tile of W (coalesced: a warp reads one 128-byte row segment) and a
+// 4 x 32 tile of x into shared memory; then each thread, owning one output row,
+// multiplies its W row against the 4 token rows. Each W element fetched from
+// global memory is used 4 times, each x element 128 times.
+//
+// Each thread keeps 8 partial sums per token and adds term k into partial
+// k % 8, in increasing k, then folds them with combine8() and adds the n % 8
+// leftovers: exactly dot()'s order. So an output element does not depend on T,
+// on the tile sizes or on which block computed it: batch invariance by
+// construction.
+//
+// Why not cuBLAS? cuBLAS picks its algorithm (tile shape, split-K, the order in
+// which partial products are reduced) from the problem shape, so the logits of
+// a token can change in the last bits when the batch around it changes size --
+// and a recomputed request could then sample a different token. A GEMM whose
+// reduction order is fixed is the simplest way to rule that out. (It is also
+// far slower than cuBLAS on large matrices; for a tiny model it does not
+// matter, and the design card asks for our own kernels.)
+
+constexpr int kGemmRows = 128, kGemmTokens = 4, kGemmK = 32;
+
+static __global__ void gemm_kernel(float* out, const float* x, const float* W, int T, int n, int d) {
+    float* ws = shared_memory<float>();           // [kGemmRows, kGemmK + 1] (padded: no bank conflicts)
+    float* xs = ws + kGemmRows * (kGemmK + 1);    // [kGemmTokens, kGemmK]
+    const int tid = threadIdx.x;
+    const int o0 = blockIdx.x * kGemmRows, t0 = blockIdx.y * kGemmTokens;
+    const int o = o0 + tid;
+    const int n8 = n - n % 8;  // the part summed into the 8 partials
+    float acc[kGemmTokens][8];
+    for (int tt = 0; tt < kGemmTokens; ++tt)
+        for (int l = 0; l < 8; ++l) acc[tt][l] = 0.0f;
+
+    for (int k0 = 0; k0 < n8; k0 += kGemmK) {
+        const int kn = n8 - k0 < kGemmK ? n8 - k0 : kGemmK;  // a multiple of 8
+        for (int i = tid; i < kGemmRows * kGemmK; i += blockDim.x) {
+            const int row = i / kGemmK, col = i % kGemmK;
+            if (col < kn && o0 + row < d) ws[row * (kGemmK + 1) + col] = W[(size_t)(o0 + row) * n + k0 + col];
+        }
+        for (int i = tid; i < kGemmTokens * kGemmK; i += blockDim.x) {
+            const int tt = i / kGemmK, col = i % kGemmK;
+            xs[i] = (col < kn && t0 + tt < T) ? x[(size_t)(t0 + tt) * n + k0 + col] : 0.0f;
+        }
+        __syncthreads();
+        if (o < d) {
+            const float* wr = ws + tid * (kGemmK + 1);
+            for (int kk = 0; kk < kn; kk += 8)
+                for (int l = 0; l < 8; ++l) {
+                    const float wv = wr[kk + l];
+                    for (int tt = 0; tt < kGemmTokens; ++tt) acc[tt][l] += wv * xs[tt * kGemmK + kk + l];
+                }
+        }
+        __syncthreads();
+    }
+    if (o >= d) return;
+    for (int tt = 0; tt < kGemmTokens && t0 + tt < T; ++tt) {
+        const float* xr = x + (size_t)(t0 + tt) * n;
+        float sum = combine8(acc[tt]);
+        for (int j = n8; j < n; ++j) sum += W[(size_t)o * n + j] * xr[j];
+        out[(size_t)(t0 + tt) * d + o] = sum;
+    }
+}
+
+inline void gemm(float* out, const float* x, const float* W, int T, int n, int d) {
+    const size_t smem = (size_t)(kGemmRows * (kGemmK + 1) + kGemmTokens * kGemmK) * sizeof(float);
+    launch(gemm_kernel, dim3((d + kGemmRows - 1) / kGemmRows, (T + kGemmTokens - 1) / kGemmTokens), dim3(kGemmRows), smem, out,
+           x, W, T, n, d);
+}
+
+// grid (T), block (128): rotate q's and k's pairs with the host-made table
+// cs [T, head_dim / 2, 2] of (cos, sin).
+static __global__ void rope_kernel(float* q, float* k, const float* cs, int q_dim, int k_dim, int head_dim) {
+    const int t = blockIdx.x, half = head_dim / 2;
+    const float* cst = cs + (size_t)t * half * 2;
+    for (int p = threadIdx.x; p < (q_dim + k_dim) / 2; p += blockDim.x) {
+        const int i = 2 * p;  // index into q, then k
+        float* pair = i < q_dim ? q + (size_t)t * q_dim + i : k + (size_t)t * k_dim + (i - q_dim);
+        const int c = (i < q_dim ? i : i - q_dim) % head_dim / 2;
+        rope_rotate(pair, cst[2 * c], cst[2 * c + 1]);
+    }
+}
+
+// grid (ceil(n / 256)), block (256): hb = silu(hb) * hb2, elementwise.
+static __global__ void swiglu_kernel(float* hb, const float* hb2, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float val = hb[i];
+    val *= (1.0f / (1.0f + expf(-val)));
+    hb[i] = val * hb2[i];
+}
+
+// grid (ceil(n / 256)), block (256): x += y (the residual connections).
+static __global__ void add_kernel(float* x, const float* y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// grid (R), block (256): out[r] = argmax of row r, the lowest index on ties
+// (like pkv::argmax). Each thread scans a strided slice, then a shared-memory
+// tree halves the candidates 8 times; a tie keeps the lower index, so the
+// result does not depend on which thread saw what.
+constexpr int kArgmaxThreads = 256;
+static __global__ void argmax_kernel(int32_t* out, const float* logits, int V) {
+    float* sval = shared_memory<float>();                              // [256]
+    int32_t* sidx = reinterpret_cast<int32_t*>(sval + kArgmaxThreads);  // [256]
+    const float* row = logits + (size_t)blockIdx.x * V;
+    const int tid = threadIdx.x;
+    float best = -INFINITY;
+    int32_t best_i = V;  // "none yet": larger than any index
+    for (int i = tid; i < V; i += kArgmaxThreads)
+        if (row[i] > best || best_i == V) { best = row[i]; best_i = i; }
+    sval[tid] = best;
+    sidx[tid] = best_i;
+    __syncthreads();
+    for (int stride = kArgmaxThreads / 2; stride > 0; stride /= 2) {
+        if (tid < stride) {
+            const float v = sval[tid + stride];
+            const int32_t vi = sidx[tid + stride];
+            if (vi != V && (sidx[tid] == V || v > sval[tid] || (v == sval[tid] && vi < sidx[tid]))) {
+                sval[tid] = v;
+                sidx[tid] = vi;
+            }
+        }
+        __syncthreads();
+    }
+    if (tid == 0) out[blockIdx.x] = sidx[0];
+}
+
+inline void argmax_rows(int32_t* out, const float* logits, int rows, int V) {
+    launch(argmax_kernel, dim3(rows), dim3(kArgmaxThreads), kArgmaxThreads * (sizeof(float) + sizeof(int32_t)), out, logits, V);
+}
+
+// ============================================================================
+// 2. Where the model runs: the ModelRunner interface and --device
+// ============================================================================
+
+// What the engine needs from a model: run a flat batch, give back logits.
+struct ModelRunner {
+    virtual ~ModelRunner() = default;
+    // Fills logits [num_logits, vocab_size] for the batch's logits_indices.
+    virtual void forward(const ForwardBatch& b, std::vector<float>& logits) = 0;
+    // Greedy shortcut: only the argmax of each logits row. A GPU computes it
+    // where the logits are and copies back one int per row instead of a row
+    // of vocab_size floats.
+    virtual void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) {
+        std::vector<float> logits;
+        forward(b, logits);
+        const int V = vocab_size();
+        tokens.resize(b.logits_indices.size());
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(logits.data() + i * V, V);
+    }
+    virtual int vocab_size() const = 0;
+};
+
+// The CPU forward with a KV cache of its own.
+class CpuRunner : public ModelRunner {
+public:
+    CpuRunner(const Model& m, const KVGeometry& geo) : model_(m), cache_(geo), fwd_(m, cache_) {}
+    void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
+    int vocab_size() const override { return model_.cfg.vocab_size; }
+
+private:
+    const Model& model_;
+    KVCache cache_;
+    CpuForward fwd_;
+};
+
+// The kernel path: weights and KV cache in device memory.
+class GpuRunner : public ModelRunner {
+public:
+    GpuRunner(const Model& m, const KVGeometry& geo) : model_(m), geo_(geo) {
+        const Config& c = m.cfg;
+        if (c.head_dim() % 4 != 0 || c.head_dim() > 256)
+            throw std::invalid_argument("the kernel path needs head_dim a multiple of 4, at most 256 (this model: " +
+                                        std::to_string(c.head_dim()) + ")");
+        const Weights& w = m.w;
+        emb_.upload(w.token_embedding); rms_att_.upload(w.rms_att); wq_.upload(w.wq); wk_.upload(w.wk);
+        wv_.upload(w.wv); wo_.upload(w.wo); rms_ffn_.upload(w.rms_ffn); w1_.upload(w.w1); w2_.upload(w.w2);
+        w3_.upload(w.w3); rms_final_.upload(w.rms_final);
+        if (!c.shared_classifier) wcls_.upload(w.wcls);
+        const size_t cache_floats = (size_t)geo.num_layers * geo.floats_per_layer();
+        k_cache_ = DeviceBuffer<float>(cache_floats);  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim]
+        v_cache_ = DeviceBuffer<float>(cache_floats);
+        device_memset(k_cache_.data(), 0, cache_floats * sizeof(float));
+        device_memset(v_cache_.data(), 0, cache_floats * sizeof(float));
+    }
+
+    void forward(const ForwardBatch& b, std::vector<float>& logits) override {
+        run(b);
+        const size_t n = b.logits_indices.size() * (size_t)model_.cfg.vocab_size;
+        logits.resize(n);
+        logits_.download(logits.data(), n);
+    }
+    void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) override {
+        run(b);
+        const int rows = (int)b.logits_indices.size();
+        argmax_.reserve(rows);
+        argmax_rows(argmax_.data(), logits_.data(), rows, model_.cfg.vocab_size);
+        tokens.resize(rows);
+        argmax_.download(tokens.data(), rows);
+    }
+    int vocab_size() const override { return model_.cfg.vocab_size; }
+
+private:
+    // The forward pass; leaves logits_ [num_logits, vocab] on the device.
+    void run(const ForwardBatch& b) {
+        const Config& c = model_.cfg;
+        const int T = b.num_tokens(), D = c.dim, KV = c.kv_dim(), H = c.hidden_dim, hd = c.head_dim(), V = c.vocab_size;
+        const int NL = (int)b.logits_indices.size();
+        for (int t = 0; t < T; ++t)
+            if (b.token_ids[t] < 0 || b.token_ids[t] >= V || b.positions[t] < 0 || b.positions[t] >= c.seq_len)
+                throw std::out_of_range("forward: token id or position out of range");
+        // The batch, and RoPE's (cos, sin) table made by the CPU's own function.
+        std::vector<float> cs((size_t)T * hd);  // [T, hd / 2, 2]
+        for (int t = 0; t < T; ++t)
+            for (int i = 0; i < hd; i += 2) rope_cos_sin(b.positions[t], i, hd, cs[(size_t)t * hd + i], cs[(size_t)t * hd + i + 1]);
+        tokens_.upload(b.token_ids); positions_.upload(b.positions); slots_.upload(b.slot_mapping);
+        token_seq_.upload(b.token_seq); tables_.upload(b.block_tables); logit_rows_.upload(b.logits_indices);
+        rope_cs_.upload(cs);
+        for (DeviceBuffer<float>* buf : {&x_, &xb_, &q_, &att_}) buf->reserve((size_t)T * D);
+        k_.reserve((size_t)T * KV); v_.reserve((size_t)T * KV);
+        hb_.reserve((size_t)T * H); hb2_.reserve((size_t)T * H);
+        xl_.reserve((size_t)NL * D); logits_.reserve((size_t)NL * V);
+
+        launch(embedding_kernel, dim3(T), dim3(128), 0, x_.data(), emb_.data(), tokens_.data(), D);
+        const AttentionShape shape{c.n_heads, c.n_kv_heads, hd, geo_.block_size, b.max_blocks_per_seq};
+        const int elt_blocks_d = (T * D + 255) / 256, elt_blocks_h = (T * H + 255) / 256;
+        for (int l = 0; l < c.n_layers; ++l) {
+            float* kc = k_cache_.data() + (size_t)l * geo_.floats_per_layer();
+            float* vc = v_cache_.data() + (size_t)l * geo_.floats_per_layer();
+            launch(rmsnorm_kernel, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_att_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
+            gemm(q_.data(), xb_.data(), wq_.data() + (size_t)l * D * D, T, D, D);
+            gemm(k_.data(), xb_.data(), wk_.data() + (size_t)l * KV * D, T, D, KV);
+            gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
+            launch(rope_kernel, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
+            reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T, c.n_kv_heads, hd);
+            paged_attention(att_.data(), q_.data(), kc, vc, tables_.data(), token_seq_.data(), positions_.data(), T, shape);
+            gemm(xb_.data(), att_.data(), wo_.data() + (size_t)l * D * D, T, D, D);
+            launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
+            launch(rmsnorm_kernel, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_ffn_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
+            gemm(hb_.data(), xb_.data(), w1_.data() + (size_t)l * H * D, T, D, H);
+            gemm(hb2_.data(), xb_.data(), w3_.data() + (size_t)l * H * D, T, D, H);
+            launch(swiglu_kernel, dim3(elt_blocks_h), dim3(256), 0, hb_.data(), (const float*)hb2_.data(), T * H);
+            gemm(xb_.data(), hb_.data(), w2_.data() + (size_t)l * D * H, T, H, D);
+            launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
+        }
+        launch(rmsnorm_kernel, dim3(NL), dim3(128), 0, xl_.data(), x_.data(), rms_final_.data(), (const int32_t*)logit_rows_.data(), D);
+        gemm(logits_.data(), xl_.data(), c.shared_classifier ? emb_.data() : wcls_.data(), NL, D, V);
+    }
+
+    const Model& model_;
+    KVGeometry geo_;
+    // Weights, llama2.c layout (see model.hpp for shapes).
+    DeviceBuffer<float> emb_, rms_att_, wq_, wk_, wv_, wo_, rms_ffn_, w1_, w2_, w3_, rms_final_, wcls_;
+    DeviceBuffer<float> k_cache_, v_cache_;  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] each
+    // The batch: [T] each, block tables [num_seqs, max_blocks_per_seq], rope_cs [T, hd/2, 2].
+    DeviceBuffer<int32_t> tokens_, positions_, token_seq_, tables_, logit_rows_, argmax_;
+    DeviceBuffer<int64_t> slots_;
+    DeviceBuffer<float> rope_cs_;
+    // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
+    DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
+};
+
+enum class Device { kCpu, kEmulated, kCuda };
+
+inline const char* to_string(Device d) {
+    return d == Device::kCpu ? "cpu" : d == Device::kEmulated ? "emulated" : "cuda";
+}
+
+// "cpu" | "cuda" | "emulated" -> Device; anything else is an invalid_argument.
+inline Device parse_device(const std::string& s) {
+    if (s == "cpu") return Device::kCpu;
+    if (s == "emulated") return Device::kEmulated;
+    if (s == "cuda") return Device::kCuda;
+    throw std::invalid_argument("--device expects cpu, cuda or emulated, got '" + s + "'");
+}
+
+// A runner for `device`. A g++/clang++ build runs the kernels emulated; a
+// `make cuda` build runs them on the GPU. Asking a build for the other kind is
+// an error that says which build to use.
+inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const KVGeometry& geo) {
+    if (device == Device::kCpu) return std::make_unique<CpuRunner>(m, geo);
+    const std::string built = kDeviceKind;
+    if (to_string(device) != built)
+        throw std::invalid_argument(device == Device::kCuda
+                                        ? "--device cuda needs a binary built by `make cuda` (this one runs kernels emulated: use --device emulated)"
+                                        : "--device emulated needs the CPU build (`make`); this `make cuda` binary runs kernels on the GPU");
+    std::string why;
+    if (!device_available(&why)) throw std::runtime_error("--device cuda: no usable GPU here (CUDA says: " + why + ")");
+    return std::make_unique<GpuRunner>(m, geo);
+}
+
+}  // namespace pkv

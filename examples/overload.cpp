@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
         const double cpu_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
         int same = 0;
         for (int i = 0; i < R; ++i) same += cpu.request(i)->tokens == eng.request(i)->tokens;
-        std::printf("  same workload on cpu     %.0f useful tok/s (%s is %.2fx the CPU); %d of %d requests token-identical\n",
+        std::printf("  same workload on cpu     %.0f useful tok/s (%s is %.3gx the CPU); %d of %d requests token-identical\n",
                     cpu.metrics().generation_tokens_total / cpu_wall, pkv::to_string(opt.device),
                     (m.generation_tokens_total / wall) / (cpu.metrics().generation_tokens_total / cpu_wall), same, R);
     }

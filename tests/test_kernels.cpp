@@ -1,0 +1,980 @@
+// tests/test_kernels.cpp -- every CUDA kernel against its CPU reference.
+//
+// The kernels are compiled twice: by g++/clang++, where cuda_shim.hpp runs them
+// emulated (one std::thread per CUDA thread, a std::barrier per
+// __syncthreads), and by nvcc (`make cuda`), where they run on a GPU. This file
+// is compiled both ways, so it only ever hands kernels *device* pointers
+// (DeviceBuffer) and reads results back with download(). Under a `make cuda`
+// binary on a machine without a GPU every test skips with a MESSAGE.
+//
+//   1. reshape_and_cache: exact, negative slots skipped;
+//   2. paged_attention: against paged_attention_ref on random paged batches
+//      (block sizes, GQA ratios, head dims, multi-tile contexts, NaN-poisoned
+//      unused slots), and its shape checks;
+//   3. the GEMM against matmul(): bit for bit;
+//   4. rmsnorm, embedding, rope, add, swiglu kernels against the CPU;
+//   5. argmax_rows against argmax(), ties and -inf included;
+//   6. GpuRunner against CpuRunner (built-in and a small random model), and
+//      make_model_runner's choice of device;
+//   7. batch invariance of the kernel path, bit for bit;
+//   8. build/generate: --device emulated (or cuda) prints what --device cpu does.
+//
+// Emulation is slow (a 128-thread __syncthreads costs ~0.2 ms on two cores), so
+// shapes are small; the suite also runs under ASan and TSan.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_shim.hpp"
+#include "paged_kv.cuh"
+#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/forward_gpu.cuh"
+#include "tiny_model/model.hpp"
+#include "tiny_model/sampler.hpp"
+#include "tiny_model/tokenizer.hpp"
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+// CUDA's dim3 is global; the emulation's lives in pkv.
+#ifdef __CUDACC__
+using Dim3 = ::dim3;
+#else
+using Dim3 = pkv::dim3;
+#endif
+
+// True (after saying why) when this binary has no device to run kernels on:
+// only possible for a `make cuda` binary on a machine without a GPU.
+bool no_device() {
+    std::string why;
+    if (pkv::device_available(&why)) return false;
+    MESSAGE("skipped: no GPU: " << why);
+    return true;
+}
+
+// The kernel path of this build: emulated under g++/clang++, cuda under nvcc.
+pkv::Device kernel_device() {
+    return std::string(pkv::kDeviceKind) == "cuda" ? pkv::Device::kCuda : pkv::Device::kEmulated;
+}
+
+// splitmix64: the same numbers on every compiler and standard library.
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * ((float)(next() >> 40) * (1.0f / 16777216.0f)); }
+    int below(int n) { return (int)(next() % (uint64_t)n); }
+};
+
+template <class T>
+void shuffle(std::vector<T>& v, Rng& rng) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[(size_t)rng.below((int)i)]);
+}
+
+std::vector<float> random_floats(Rng& rng, size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (float& x : v) x = rng.uniform(lo, hi);
+    return v;
+}
+
+template <class T>
+pkv::DeviceBuffer<T> to_device(const std::vector<T>& v) {
+    pkv::DeviceBuffer<T> b(v.size());
+    b.upload(v);
+    return b;
+}
+
+template <class T>
+std::vector<T> to_host(const pkv::DeviceBuffer<T>& b, size_t n) {
+    std::vector<T> v(n);
+    b.download(v.data(), n);
+    return v;
+}
+
+// Index of the first element whose bits differ, or -1 (sizes must match).
+template <class T>
+long first_bit_difference(const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return 0;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return (long)i;
+    return -1;
+}
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------
+// Paged attention problems
+// ---------------------------------------------------------------------------
+
+// One sequence of an attention batch: keys at positions 0..len-1 are cached,
+// and its query tokens sit at the last num_queries positions (num_queries > 1:
+// a prefill chunk; 1: a decode).
+struct SeqSpec {
+    int len;
+    int num_queries;
+};
+
+struct AttnProblem {
+    pkv::AttentionShape s;
+    int num_blocks = 0;
+    int num_tokens = 0;
+    std::vector<float> q;                 // [num_tokens, n_heads, head_dim]
+    std::vector<float> k_cache, v_cache;  // [num_blocks, block_size, n_kv_heads, head_dim]
+    std::vector<int32_t> block_tables;    // [num_seqs, max_blocks_per_seq], padded with -1
+    std::vector<int32_t> token_seq, positions;
+};
+
+// A random paged batch. Every sequence's blocks are drawn from a shuffled pool,
+// so block tables are scattered; 3 blocks belong to no one. Every cache float
+// that no sequence wrote (those 3 blocks, the tails of last blocks) is NaN: a
+// kernel that reads one produces NaN. With spike_fraction > 0, that share of
+// the keys is scaled by 8, so scores jump by tens between tiles and the online
+// softmax's rescaling factor gets far from 1.
+AttnProblem make_attention_problem(Rng& rng, int block_size, int n_kv_heads, int group, int head_dim,
+                                   const std::vector<SeqSpec>& seqs, float spike_fraction) {
+    AttnProblem p;
+    int need = 0, widest = 0;
+    for (const SeqSpec& sp : seqs) {
+        const int nb = pkv::blocks_for_tokens(sp.len, block_size);
+        need += nb;
+        widest = std::max(widest, nb);
+    }
+    p.num_blocks = need + 3;
+    const int width = widest + 1;  // one -1 column, as ForwardBatch pads
+    p.s = pkv::AttentionShape{n_kv_heads * group, n_kv_heads, head_dim, block_size, width};
+    std::vector<int32_t> ids((size_t)p.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    shuffle(ids, rng);
+    const size_t cache_floats = (size_t)p.num_blocks * block_size * n_kv_heads * head_dim;
+    p.k_cache.assign(cache_floats, kNaN);
+    p.v_cache.assign(cache_floats, kNaN);
+    p.block_tables.assign(seqs.size() * (size_t)width, -1);
+    size_t next = 0;
+    for (size_t si = 0; si < seqs.size(); ++si) {
+        int32_t* row = p.block_tables.data() + si * width;
+        for (int b = 0; b < pkv::blocks_for_tokens(seqs[si].len, block_size); ++b) row[b] = ids[next++];
+        for (int pos = 0; pos < seqs[si].len; ++pos) {
+            const float scale = rng.uniform(0.0f, 1.0f) < spike_fraction ? 8.0f : 1.0f;
+            const int64_t slot = pkv::slot_of(row, pos, block_size);
+            for (int h = 0; h < n_kv_heads; ++h)
+                for (int d = 0; d < head_dim; ++d) {
+                    const int64_t off = pkv::kv_offset(slot, h, n_kv_heads, head_dim) + d;
+                    p.k_cache[(size_t)off] = scale * rng.uniform(-1.0f, 1.0f);
+                    p.v_cache[(size_t)off] = rng.uniform(-1.0f, 1.0f);
+                }
+        }
+    }
+    // The flat batch: sequences in shuffled order, each one's queries together
+    // at consecutive positions (a prefill chunk) or alone (a decode).
+    std::vector<int> order(seqs.size());
+    std::iota(order.begin(), order.end(), 0);
+    shuffle(order, rng);
+    for (int si : order)
+        for (int i = 0; i < seqs[si].num_queries; ++i) {
+            p.token_seq.push_back(si);
+            p.positions.push_back(seqs[si].len - seqs[si].num_queries + i);
+        }
+    p.num_tokens = (int)p.positions.size();
+    // q in [-3, 3], k in [-1, 1]: each score q.k / sqrt(hd) has a standard
+    // deviation of about 1, so the softmax is far from uniform.
+    p.q = random_floats(rng, (size_t)p.num_tokens * p.s.n_heads * head_dim, -3.0f, 3.0f);
+    return p;
+}
+
+std::vector<float> run_paged_attention_kernel(const AttnProblem& p) {
+    const size_t n = (size_t)p.num_tokens * p.s.n_heads * p.s.head_dim;
+    auto dq = to_device(p.q);
+    auto dk = to_device(p.k_cache);
+    auto dv = to_device(p.v_cache);
+    auto dtables = to_device(p.block_tables);
+    auto dseq = to_device(p.token_seq);
+    auto dpos = to_device(p.positions);
+    pkv::DeviceBuffer<float> dout(n);
+    pkv::paged_attention(dout.data(), dq.data(), dk.data(), dv.data(), dtables.data(), dseq.data(), dpos.data(),
+                         p.num_tokens, p.s);
+    return to_host(dout, n);
+}
+
+// ---------------------------------------------------------------------------
+// Model runners
+// ---------------------------------------------------------------------------
+
+// A small random model: head_dim 8, GQA 3, hidden not a multiple of 8 or 32.
+pkv::Model small_random_model(uint64_t seed) {
+    pkv::Config c;
+    c.dim = 48;
+    c.hidden_dim = 100;
+    c.n_layers = 2;
+    c.n_heads = 6;
+    c.n_kv_heads = 2;
+    c.vocab_size = 300;
+    c.seq_len = 128;
+    c.shared_classifier = false;
+    return pkv::make_random_model(c, seed);
+}
+
+// One sequence being generated: its tokens so far and its block table.
+struct Seq {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> table;
+    int computed = 0;  // tokens whose K/V are in the cache
+};
+
+// Block ids handed out in a shuffled order, so tables are scattered.
+struct BlockSource {
+    std::vector<int32_t> ids;
+    size_t next = 0;
+    BlockSource(int num_blocks, Rng& rng) : ids((size_t)num_blocks) {
+        std::iota(ids.begin(), ids.end(), 0);
+        shuffle(ids, rng);
+    }
+    void grow(Seq& s, int num_tokens, int block_size) {
+        while ((int)s.table.size() < pkv::blocks_for_tokens(num_tokens, block_size)) s.table.push_back(ids.at(next++));
+    }
+};
+
+// Append tokens computed..computed+n-1 of `s` to the batch, logits wanted for
+// the last; grows the table first.
+void add_chunk(pkv::ForwardBatch& b, Seq& s, int n, BlockSource& src, int block_size) {
+    src.grow(s, s.computed + n, block_size);
+    b.add_sequence(s.table, block_size, s.tokens.data() + s.computed, s.computed, n, true);
+    s.computed += n;
+}
+
+std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab) {
+    std::vector<int32_t> t((size_t)n);
+    for (int32_t& x : t) x = rng.below(vocab);
+    return t;
+}
+
+// Runs the same batches through a CpuRunner and the kernel runner: sequence A
+// prefills 20 tokens and B 6 in one batch, then both decode `decode_steps`
+// tokens, and C's 5-token prefill joins the third decode batch. Checks every
+// logits row against the CPU's within `tol` (scaled by the row's largest
+// logit), the greedy choices, and forward_argmax against forward's logits
+// (after the last step; with all_argmax_checks also after the two prefills).
+void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int decode_steps, uint64_t seed, double tol,
+                                    bool all_argmax_checks) {
+    const pkv::Config& c = m.cfg;
+    Rng rng(seed);
+    const int num_blocks = 3 * pkv::blocks_for_tokens(20 + decode_steps + 1, block_size) + 2;
+    const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
+    auto cpu = pkv::make_model_runner(pkv::Device::kCpu, m, geo);
+    auto gpu = pkv::make_model_runner(kernel_device(), m, geo);
+    BlockSource src(num_blocks, rng);
+    std::vector<Seq> seqs(3);
+    seqs[0].tokens = random_tokens(rng, 20, c.vocab_size);
+    seqs[1].tokens = random_tokens(rng, 6, c.vocab_size);
+    seqs[2].tokens = random_tokens(rng, 5, c.vocab_size);
+    double worst = 0.0;  // largest |cpu - kernel| / max(1, max |logit| of the row)
+    int greedy_compared = 0, near_ties = 0;
+    for (int step = 0; step <= decode_steps; ++step) {
+        pkv::ForwardBatch b;
+        std::vector<int> rows;  // sequence of each logits row
+        if (step == 0) {
+            add_chunk(b, seqs[0], 20, src, block_size);
+            add_chunk(b, seqs[1], 6, src, block_size);
+            rows = {0, 1};
+        } else {
+            // Decodes of B then A (a different order than the prefill), and C's
+            // prefill between them on step 3, then C decodes too.
+            add_chunk(b, seqs[1], 1, src, block_size);
+            rows.push_back(1);
+            if (step == 3) {
+                add_chunk(b, seqs[2], 5, src, block_size);
+                rows.push_back(2);
+            } else if (step > 3) {
+                add_chunk(b, seqs[2], 1, src, block_size);
+                rows.push_back(2);
+            }
+            add_chunk(b, seqs[0], 1, src, block_size);
+            rows.push_back(0);
+        }
+        std::vector<float> lc, lg;
+        cpu->forward(b, lc);
+        gpu->forward(b, lg);
+        const int V = c.vocab_size;
+        REQUIRE(lc.size() == rows.size() * (size_t)V);
+        REQUIRE(lg.size() == lc.size());
+        std::vector<int32_t> greedy(rows.size());
+        for (size_t r = 0; r < rows.size(); ++r) {
+            const float* a = lc.data() + r * V;
+            const float* g = lg.data() + r * V;
+            float scale = 1.0f, diff = 0.0f;
+            bool finite = true;
+            for (int i = 0; i < V; ++i) {
+                scale = std::max(scale, std::fabs(a[i]));
+                diff = std::max(diff, std::fabs(a[i] - g[i]));
+                finite = finite && std::isfinite(g[i]);
+            }
+            INFO("step " << step << ", logits row " << r << " (sequence " << rows[r] << ")");
+            CHECK(finite);
+            CHECK(diff <= tol * scale);
+            worst = std::max(worst, (double)diff / scale);
+            // Greedy: the same token, unless the CPU's top two are within
+            // twice the tolerance (then either answer is right).
+            const int ac = pkv::argmax(a, V), ag = pkv::argmax(g, V);
+            float second = -kInf;
+            for (int i = 0; i < V; ++i)
+                if (i != ac) second = std::max(second, a[i]);
+            if (a[ac] - second > 2 * tol * scale) {
+                CHECK(ag == ac);
+                ++greedy_compared;
+            } else {
+                ++near_ties;
+                MESSAGE("near tie at step " << step << ": top-2 gap " << a[ac] - second << ", greedy not compared");
+            }
+            greedy[r] = ac;
+        }
+        // forward_argmax on the same batch (it rewrites the same K/V into the
+        // same slots, so the cache does not change) must pick exactly argmax()
+        // of forward's logits, on both runners.
+        if (step == decode_steps || (all_argmax_checks && (step == 0 || step == 3))) {
+            std::vector<int32_t> tg, tc;
+            gpu->forward_argmax(b, tg);
+            cpu->forward_argmax(b, tc);
+            REQUIRE(tg.size() == rows.size());
+            REQUIRE(tc.size() == rows.size());
+            for (size_t r = 0; r < rows.size(); ++r) {
+                CHECK(tg[r] == pkv::argmax(lg.data() + r * V, V));
+                CHECK(tc[r] == greedy[r]);
+            }
+        }
+        for (size_t r = 0; r < rows.size(); ++r) seqs[(size_t)rows[r]].tokens.push_back(greedy[r]);
+    }
+    CHECK(greedy_compared > 0);
+    MESSAGE(std::string(pkv::kDeviceKind) << " vs cpu: largest logit difference " << worst << " x max(1, |max logit|); "
+                                          << greedy_compared << " greedy choices compared, " << near_ties
+                                          << " near ties skipped");
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+std::string models_dir() {
+    const char* env = std::getenv("PAGEDKV_MODELS");
+    return env && *env ? std::string(env) : std::string("../shared/models");
+}
+
+bool is_file(const std::string& p) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(p, ec);
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+}
+
+// Runs a shell command; returns its stdout and exit status (-1 if it died).
+std::pair<std::string, int> run_command(const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return {"", -1};
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int status = ::pclose(p);
+    return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+}  // namespace
+
+TEST_SUITE("kernels") {
+
+// ===========================================================================
+// 1. reshape_and_cache
+// ===========================================================================
+
+// Proves reshape_and_cache puts every kv head of every token exactly where slot_of/kv_offset say, for several head counts and dims (incl. kv_dim > 128 threads), and leaves the cache untouched for slots < 0.
+TEST_CASE("reshape_and_cache writes each token's K/V at its slot and skips negative slots") {
+    if (no_device()) return;
+    struct Shape {
+        int n_kv_heads, head_dim;
+    };
+    const Shape shapes[] = {{1, 4}, {2, 8}, {3, 48}, {4, 64}, {2, 100}, {1, 256}};
+    Rng rng(11);
+    for (const Shape& sh : shapes) {
+        const int nkv = sh.n_kv_heads, hd = sh.head_dim, kv_dim = nkv * hd;
+        const int block_size = 4, num_blocks = 7, T = 12;
+        INFO("n_kv_heads " << nkv << ", head_dim " << hd);
+        std::vector<int32_t> table((size_t)num_blocks);
+        std::iota(table.begin(), table.end(), 0);
+        shuffle(table, rng);
+        // Tokens at scattered positions of one sequence -> distinct slots.
+        std::vector<int> positions((size_t)num_blocks * block_size);
+        std::iota(positions.begin(), positions.end(), 0);
+        shuffle(positions, rng);
+        std::vector<int64_t> slots((size_t)T);
+        for (int t = 0; t < T; ++t) slots[(size_t)t] = pkv::slot_of(table.data(), positions[(size_t)t], block_size);
+        slots[0] = -1;  // vLLM's padding marker
+        slots[5] = -7;  // any negative value means "skip"
+        slots[(size_t)T - 1] = -1;
+        const std::vector<float> k = random_floats(rng, (size_t)T * kv_dim, -1.0f, 1.0f);
+        const std::vector<float> v = random_floats(rng, (size_t)T * kv_dim, -1.0f, 1.0f);
+        // Sentinels no K/V value can equal: whatever is still there was not written.
+        const size_t cache_floats = (size_t)num_blocks * block_size * kv_dim;
+        std::vector<float> kc(cache_floats), vc(cache_floats);
+        for (size_t i = 0; i < cache_floats; ++i) {
+            kc[i] = 100.0f + (float)i;
+            vc[i] = -100.0f - (float)i;
+        }
+        std::vector<float> want_k = kc, want_v = vc;
+        for (int t = 0; t < T; ++t) {
+            if (slots[(size_t)t] < 0) continue;
+            for (int h = 0; h < nkv; ++h)
+                for (int d = 0; d < hd; ++d) {
+                    const size_t dst = (size_t)pkv::kv_offset(slots[(size_t)t], h, nkv, hd) + d;
+                    want_k[dst] = k[(size_t)t * kv_dim + h * hd + d];
+                    want_v[dst] = v[(size_t)t * kv_dim + h * hd + d];
+                }
+        }
+        auto dk = to_device(k), dv = to_device(v), dkc = to_device(kc), dvc = to_device(vc);
+        auto dslots = to_device(slots);
+        pkv::reshape_and_cache(dk.data(), dv.data(), dkc.data(), dvc.data(), dslots.data(), T, nkv, hd);
+        CHECK(first_bit_difference(to_host(dkc, cache_floats), want_k) == -1);
+        CHECK(first_bit_difference(to_host(dvc, cache_floats), want_v) == -1);
+        // A batch of no tokens launches nothing and changes nothing.
+        pkv::reshape_and_cache(dk.data(), dv.data(), dkc.data(), dvc.data(), dslots.data(), 0, nkv, hd);
+        CHECK(first_bit_difference(to_host(dkc, cache_floats), want_k) == -1);
+    }
+}
+
+// ===========================================================================
+// 2. paged_attention
+// ===========================================================================
+
+// Proves the paged_attention kernel matches paged_attention_ref on random mixed batches (prefill chunks + decodes, shuffled block tables) for block sizes 1/4/16, GQA 1/2/4/8, head dims 8/48/64 (and 4/128/256), with contexts spanning several tiles and NaN in every unused cache slot.
+TEST_CASE("paged_attention kernel matches paged_attention_ref") {
+    if (no_device()) return;
+    // Tolerance. Scores are bit-identical (both sum q.k in order of d and
+    // divide by the same sqrtf). The rest differs only in rounding order: the
+    // kernel's online softmax forms exp(s - m_tile) * exp(m_tile - m) where the
+    // reference forms exp(s - m), and divides the accumulated sum_j p_j v_j by
+    // the sum once at the end where the reference normalises each p_j first.
+    // Each output is a convex combination of |v| <= 1 values, so those
+    // reorderings cost a few ulp per term: for contexts of ~150 keys at most
+    // ~150 * 6e-8 = 1e-5 in the worst case, ~1e-6 typically. A GPU's expf
+    // (<= 2 ulp) adds ulps of the same size. 1e-5 absolute + 1e-4 relative
+    // passes all of that and still catches any wrong key, scale or weight
+    // (those move outputs by ~1e-2 and more).
+    const float kAbsTol = 1e-5f, kRelTol = 1e-4f;
+    struct Case {
+        int block_size, n_kv_heads, group, head_dim;
+        std::vector<SeqSpec> seqs;
+        float spikes;
+    };
+    std::vector<Case> cases;
+    Rng rng(2024);
+    const int block_sizes[] = {1, 4, 16}, groups[] = {1, 2, 4, 8}, dims[] = {8, 48, 64};
+    for (int di = 0; di < 3; ++di)
+        for (int gi = 0; gi < 4; ++gi) {
+            // Every head dim meets every block size, and so does every group.
+            const int bs = block_sizes[(di + gi) % 3];
+            const int tk = pkv::attention_tile_keys(groups[gi], dims[di]);
+            // A prefill chunk crossing the first tile boundary, a decode 2
+            // tiles and a bit in, a decode exactly at a tile boundary, and a
+            // decode at position 0 or 1.
+            cases.push_back({bs, 1 + rng.below(2), groups[gi], dims[di],
+                             {{tk + 4, 7}, {2 * tk + 3, 1}, {tk, 1}, {1 + rng.below(2), 1}},
+                             (di + gi) % 2 ? 0.1f : 0.0f});
+        }
+    // The other head dims, few tokens each. 256 with G = 8 is the largest
+    // group the kernel takes (G * head_dim = 2048: 16 outputs per thread).
+    cases.push_back({4, 3, 2, 4, {{70, 3}, {129, 1}}, 0.1f});
+    cases.push_back({16, 1, 4, 128, {{40, 2}, {75, 1}}, 0.1f});
+    cases.push_back({4, 2, 8, 256, {{37, 1}, {20, 2}}, 0.1f});
+    cases.push_back({1, 1, 1, 256, {{35, 2}}, 0.0f});
+
+    float worst_abs = 0.0f;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const Case& cs = cases[ci];
+        const int tk = pkv::attention_tile_keys(cs.group, cs.head_dim);
+        INFO("case " << ci << ": block_size " << cs.block_size << ", n_kv_heads " << cs.n_kv_heads << ", group "
+                     << cs.group << ", head_dim " << cs.head_dim << ", tile " << tk);
+        int longest = 0;
+        for (const SeqSpec& sp : cs.seqs) longest = std::max(longest, sp.len);
+        CHECK(longest > tk);  // at least one context takes more than one tile
+        const AttnProblem p =
+            make_attention_problem(rng, cs.block_size, cs.n_kv_heads, cs.group, cs.head_dim, cs.seqs, cs.spikes);
+        std::vector<float> want(p.q.size());
+        pkv::paged_attention_ref(want.data(), p.q.data(), p.k_cache.data(), p.v_cache.data(), p.block_tables.data(),
+                                 p.token_seq.data(), p.positions.data(), p.num_tokens, p.s);
+        const std::vector<float> got = run_paged_attention_kernel(p);
+        REQUIRE(got.size() == want.size());
+        size_t bad = 0, first_bad = 0, nonfinite = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            if (!std::isfinite(got[i])) ++nonfinite;
+            const float err = std::fabs(got[i] - want[i]);
+            if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
+                if (bad++ == 0) first_bad = i;
+            }
+            if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
+        }
+        INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
+        CHECK(nonfinite == 0);
+        CHECK(bad == 0);
+    }
+    MESSAGE(std::string(pkv::kDeviceKind) << " paged_attention vs reference: largest abs difference " << worst_abs << " over "
+                             << cases.size() << " cases");
+}
+
+// Proves paged_attention refuses shapes it cannot run (head_dim not a multiple of 4 or above 256, G * head_dim > 2048, n_heads not a multiple of n_kv_heads) with std::invalid_argument before launching anything.
+TEST_CASE("paged_attention rejects unsupported shapes") {
+    if (no_device()) return;
+    // {n_heads, n_kv_heads, head_dim, block_size, max_blocks_per_seq}. The
+    // pointers are null: the check must come before any launch.
+    const pkv::AttentionShape bad_shapes[] = {
+        {2, 1, 6, 4, 1},      // head_dim not a multiple of 4
+        {2, 2, 2, 4, 1},      // head_dim 2
+        {1, 1, 260, 4, 1},    // multiple of 4 but above 256
+        {16, 1, 132, 4, 1},   // G * head_dim = 2112 > 2048
+        {16, 2, 260, 4, 1},   // both
+        {6, 4, 8, 4, 1},      // n_heads not a multiple of n_kv_heads
+    };
+    for (const pkv::AttentionShape& s : bad_shapes) {
+        INFO("n_heads " << s.n_heads << ", n_kv_heads " << s.n_kv_heads << ", head_dim " << s.head_dim);
+        CHECK_THROWS_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, s),
+                        std::invalid_argument);
+    }
+}
+
+// ===========================================================================
+// 3. The GEMM
+// ===========================================================================
+
+// Proves gemm() computes bit for bit what matmul()/dot() do, for token counts 1/3/4/5/9 and widths that are not multiples of 8, 32 or 128 (and that a naive in-order sum would differ, so the check has teeth).
+TEST_CASE("gemm is bit-identical to matmul") {
+    if (no_device()) return;
+    // {T, n (input width), d (outputs)}. n % 8 != 0 exercises the leftover
+    // terms, n % 32 != 0 a short last K tile, n < 8 no tile at all; d % 128 != 0
+    // a partly idle block, T % 4 != 0 a partly empty token group.
+    const int shapes[][3] = {{1, 1, 1},    {1, 7, 5},     {3, 8, 3},    {4, 13, 129}, {5, 32, 128},
+                             {9, 33, 127}, {1, 40, 300},  {3, 100, 17}, {5, 257, 130}, {9, 72, 256},
+                             {4, 31, 1},   {1, 128, 300}, {3, 384, 128}};
+    Rng rng(7);
+    int naive_differs = 0;
+    for (const auto& sh : shapes) {
+        const int T = sh[0], n = sh[1], d = sh[2];
+        INFO("T " << T << ", n " << n << ", d " << d);
+        const std::vector<float> x = random_floats(rng, (size_t)T * n, -1.0f, 1.0f);
+        const std::vector<float> W = random_floats(rng, (size_t)d * n, -1.0f, 1.0f);
+        std::vector<float> want((size_t)T * d);
+        pkv::matmul(want.data(), x.data(), W.data(), T, n, d);
+        auto dx = to_device(x), dW = to_device(W);
+        pkv::DeviceBuffer<float> dout((size_t)T * d);
+        pkv::gemm(dout.data(), dx.data(), dW.data(), T, n, d);
+        // Exact under emulation (same C++ operations in the same order) and on
+        // a GPU built with --fmad=false (IEEE adds and multiplies, no fusing).
+        const long diff = first_bit_difference(to_host(dout, want.size()), want);
+        CHECK(diff == -1);
+        for (int t = 0; t < T; ++t)
+            for (int o = 0; o < d; ++o) {
+                float s = 0.0f;
+                for (int j = 0; j < n; ++j) s += W[(size_t)o * n + j] * x[(size_t)t * n + j];
+                naive_differs += s != want[(size_t)t * d + o];
+            }
+    }
+    CHECK(naive_differs > 0);  // summation order shows in the bits: exactness is not luck
+}
+
+// ===========================================================================
+// 4. Elementwise and row kernels
+// ===========================================================================
+
+// Proves rmsnorm_kernel is bit-identical to rmsnorm(), both on consecutive rows and on rows picked by an index array (the final norm of logits rows), for dims below and above the 128-thread block.
+TEST_CASE("rmsnorm_kernel is bit-identical to rmsnorm") {
+    if (no_device()) return;
+    Rng rng(3);
+    for (int dim : {1, 7, 48, 128, 300}) {
+        INFO("dim " << dim);
+        const int R = 5;
+        const std::vector<float> x = random_floats(rng, (size_t)R * dim, -4.0f, 4.0f);
+        const std::vector<float> w = random_floats(rng, (size_t)dim, 0.5f, 1.5f);
+        auto dx = to_device(x), dw = to_device(w);
+        // All rows, in order.
+        std::vector<float> want((size_t)R * dim);
+        for (int r = 0; r < R; ++r) pkv::rmsnorm(&want[(size_t)r * dim], &x[(size_t)r * dim], w.data(), dim);
+        pkv::DeviceBuffer<float> dout((size_t)R * dim);
+        pkv::launch(pkv::rmsnorm_kernel, Dim3(R), Dim3(128), 0, dout.data(), (const float*)dx.data(),
+                    (const float*)dw.data(), (const int32_t*)nullptr, dim);
+        CHECK(first_bit_difference(to_host(dout, want.size()), want) == -1);
+        // Rows by index: repeated, out of order, a subset.
+        const std::vector<int32_t> rows = {3, 0, 3, 4};
+        const int NR = (int)rows.size();
+        std::vector<float> want_rows((size_t)NR * dim);
+        for (int i = 0; i < NR; ++i) pkv::rmsnorm(&want_rows[(size_t)i * dim], &x[(size_t)rows[(size_t)i] * dim], w.data(), dim);
+        auto drows = to_device(rows);
+        pkv::DeviceBuffer<float> dout_rows((size_t)NR * dim);
+        pkv::launch(pkv::rmsnorm_kernel, Dim3(NR), Dim3(128), 0, dout_rows.data(), (const float*)dx.data(),
+                    (const float*)dw.data(), (const int32_t*)drows.data(), dim);
+        CHECK(first_bit_difference(to_host(dout_rows, want_rows.size()), want_rows) == -1);
+    }
+}
+
+// Proves embedding_kernel copies exactly the embedding row of each token id (first, last, repeated ids; dim above 128).
+TEST_CASE("embedding_kernel copies the token rows") {
+    if (no_device()) return;
+    Rng rng(5);
+    const int V = 37, dim = 200;
+    const std::vector<float> emb = random_floats(rng, (size_t)V * dim, -1.0f, 1.0f);
+    const std::vector<int32_t> tokens = {0, V - 1, 5, 5, 17, 0, 36, 2};
+    const int T = (int)tokens.size();
+    std::vector<float> want((size_t)T * dim);
+    for (int t = 0; t < T; ++t) std::copy_n(&emb[(size_t)tokens[(size_t)t] * dim], dim, &want[(size_t)t * dim]);
+    auto demb = to_device(emb);
+    auto dtok = to_device(tokens);
+    pkv::DeviceBuffer<float> dx((size_t)T * dim);
+    pkv::launch(pkv::embedding_kernel, Dim3(T), Dim3(128), 0, dx.data(), (const float*)demb.data(),
+                (const int32_t*)dtok.data(), dim);
+    CHECK(first_bit_difference(to_host(dx, want.size()), want) == -1);
+}
+
+// Proves rope_kernel, fed the (cos, sin) table GpuRunner builds with rope_cos_sin, rotates q and k bit-identically to rope() at each token's position, for head dims 4/8/16/64 and GQA shapes (pairs beyond 128 threads included).
+TEST_CASE("rope_kernel is bit-identical to rope") {
+    if (no_device()) return;
+    struct Shape {
+        int n_heads, n_kv_heads, head_dim;
+    };
+    const Shape shapes[] = {{6, 2, 8}, {8, 4, 16}, {8, 4, 64}, {3, 3, 4}};
+    Rng rng(9);
+    for (const Shape& sh : shapes) {
+        const int hd = sh.head_dim, q_dim = sh.n_heads * hd, k_dim = sh.n_kv_heads * hd;
+        INFO("n_heads " << sh.n_heads << ", n_kv_heads " << sh.n_kv_heads << ", head_dim " << hd);
+        const std::vector<int32_t> positions = {0, 1, 7, 100, 1023, 5};
+        const int T = (int)positions.size();
+        const std::vector<float> q = random_floats(rng, (size_t)T * q_dim, -2.0f, 2.0f);
+        const std::vector<float> k = random_floats(rng, (size_t)T * k_dim, -2.0f, 2.0f);
+        // The table exactly as GpuRunner::run makes it: [T, hd / 2, 2].
+        std::vector<float> cs((size_t)T * hd);
+        for (int t = 0; t < T; ++t)
+            for (int i = 0; i < hd; i += 2)
+                pkv::rope_cos_sin(positions[(size_t)t], i, hd, cs[(size_t)t * hd + i], cs[(size_t)t * hd + i + 1]);
+        std::vector<float> want_q = q, want_k = k;
+        for (int t = 0; t < T; ++t) {
+            pkv::rope(&want_q[(size_t)t * q_dim], q_dim, hd, positions[(size_t)t]);
+            pkv::rope(&want_k[(size_t)t * k_dim], k_dim, hd, positions[(size_t)t]);
+        }
+        auto dq = to_device(q), dk = to_device(k), dcs = to_device(cs);
+        pkv::launch(pkv::rope_kernel, Dim3(T), Dim3(128), 0, dq.data(), dk.data(), (const float*)dcs.data(), q_dim, k_dim, hd);
+        CHECK(first_bit_difference(to_host(dq, want_q.size()), want_q) == -1);
+        CHECK(first_bit_difference(to_host(dk, want_k.size()), want_k) == -1);
+        CHECK(first_bit_difference(q, want_q) != -1);  // the rotation did something
+    }
+}
+
+// Proves add_kernel adds exactly and swiglu_kernel computes the CPU forward's silu(a) * b (bit for bit emulated, within 1e-6 relative on a GPU), over lengths with a partial last block and extreme inputs.
+TEST_CASE("add_kernel and swiglu_kernel match the CPU") {
+    if (no_device()) return;
+    Rng rng(13);
+    for (int n : {1, 255, 256, 777}) {
+        INFO("n " << n);
+        const int blocks = (n + 255) / 256;
+        std::vector<float> x = random_floats(rng, (size_t)n, -10.0f, 10.0f);
+        const std::vector<float> y = random_floats(rng, (size_t)n, -10.0f, 10.0f);
+        // Extremes: expf(100) overflows to inf (silu -> -0), expf(-100) underflows.
+        x[0] = -100.0f;
+        if (n > 2) { x[1] = 100.0f; x[2] = 0.0f; }
+        // add: x + y, one IEEE add per element, exact in both worlds.
+        std::vector<float> want_add((size_t)n);
+        for (int i = 0; i < n; ++i) want_add[(size_t)i] = x[(size_t)i] + y[(size_t)i];
+        auto dx = to_device(x), dy = to_device(y);
+        pkv::launch(pkv::add_kernel, Dim3(blocks), Dim3(256), 0, dx.data(), (const float*)dy.data(), n);
+        CHECK(first_bit_difference(to_host(dx, (size_t)n), want_add) == -1);
+        // swiglu: exactly CpuForward's loop.
+        std::vector<float> want((size_t)n);
+        for (int i = 0; i < n; ++i) {
+            float val = x[(size_t)i];
+            val *= (1.0f / (1.0f + std::exp(-val)));
+            want[(size_t)i] = val * y[(size_t)i];
+        }
+        auto dhb = to_device(x);
+        pkv::launch(pkv::swiglu_kernel, Dim3(blocks), Dim3(256), 0, dhb.data(), (const float*)dy.data(), n);
+        const std::vector<float> got = to_host(dhb, (size_t)n);
+#ifdef __CUDACC__
+        // CUDA's expf is within 2 ulp of the exact value, glibc's within 1:
+        // after one divide and two multiplies that is < 1e-6 relative.
+        size_t bad = 0;
+        for (int i = 0; i < n; ++i)
+            bad += !(std::fabs(got[(size_t)i] - want[(size_t)i]) <= 1e-6f * std::fabs(want[(size_t)i]) + 1e-30f);
+        CHECK(bad == 0);
+#else
+        // Emulated, the kernel calls the very same glibc expf.
+        CHECK(first_bit_difference(got, want) == -1);
+#endif
+    }
+}
+
+// ===========================================================================
+// 5. argmax_rows
+// ===========================================================================
+
+// Proves argmax_rows equals argmax() (lowest index wins ties) on random rows, ties inside one thread's strided slice and across threads, all-equal and all -inf rows, for vocab sizes below and above the 256-thread block.
+TEST_CASE("argmax_rows matches argmax, ties and -inf included") {
+    if (no_device()) return;
+    Rng rng(17);
+    for (int V : {1, 5, 255, 256, 257, 1000, 3000}) {
+        INFO("V " << V);
+        std::vector<std::vector<float>> rows;
+        for (int r = 0; r < 3; ++r) rows.push_back(random_floats(rng, (size_t)V, -5.0f, 5.0f));
+        // Ties at the given indices (those < V), with the maximum value 9.
+        auto tie_row = [&](std::initializer_list<int> at) {
+            std::vector<float> row = random_floats(rng, (size_t)V, -5.0f, 5.0f);
+            for (int i : at)
+                if (i >= 0 && i < V) row[(size_t)i] = 9.0f;
+            rows.push_back(row);
+        };
+        tie_row({700, 444, 188});   // one thread's slice (all = 188 mod 256): 188 wins
+        tie_row({513, 2});          // threads 1 and 2: the higher thread holds the lower index
+        tie_row({256, 255});        // threads 0 and 255: 255 wins
+        tie_row({2999, 999, 4, 3}); // far apart, 3 wins
+        tie_row({V - 1, V - 2});    // at the end
+        rows.push_back(std::vector<float>((size_t)V, 0.0f));    // all equal: 0
+        rows.push_back(std::vector<float>((size_t)V, -kInf));   // all -inf: 0, like argmax()
+        {
+            std::vector<float> row((size_t)V, -kInf);  // -inf except one finite value at the end
+            row[(size_t)V - 1] = -1e30f;
+            rows.push_back(row);
+        }
+        {
+            std::vector<float> row = random_floats(rng, (size_t)V, -5.0f, -1.0f);  // all negative, some -inf
+            for (int i = 0; i < V; i += 3) row[(size_t)i] = -kInf;
+            rows.push_back(row);
+        }
+        const int R = (int)rows.size();
+        std::vector<float> flat;
+        for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
+        auto dlogits = to_device(flat);
+        pkv::DeviceBuffer<int32_t> dout((size_t)R);
+        pkv::argmax_rows(dout.data(), dlogits.data(), R, V);
+        const std::vector<int32_t> got = to_host(dout, (size_t)R);
+        for (int r = 0; r < R; ++r) {
+            INFO("row " << r);
+            CHECK(got[(size_t)r] == pkv::argmax(rows[(size_t)r].data(), V));
+        }
+        if (V >= 1000) {  // spot-check that the tie rows test what they claim
+            CHECK(got[3] == 188);
+            CHECK(got[4] == 2);
+            CHECK(got[5] == 255);
+            CHECK(got[6] == 3);
+        }
+    }
+}
+
+// ===========================================================================
+// 6. GpuRunner against CpuRunner, and make_model_runner
+// ===========================================================================
+
+// Tolerance for logits, relative to max(1, the row's largest |logit|). The two
+// paths share every GEMM, RMSNorm and RoPE bit for bit; they differ in
+// attention's rounding order (online vs two-pass softmax, ~1e-7..1e-6 per
+// attention output, see above) and, on a GPU, in expf (a few ulp, in softmax
+// and SwiGLU). Those differences pass through the layers' matmuls with gains
+// of order 1: emulated, the largest logit difference measured is ~8e-7 of the
+// scale. 2e-5 leaves 25x for a GPU's expf and still sits far below what any
+// real mistake (a wrong key, position or weight) does to logits (>1e-2).
+// Greedy choices are compared where the CPU's top two logits are more than
+// twice this apart (a closer pair may legitimately swap).
+constexpr double kLogitTol = 2e-5;
+
+// Proves the kernel runner (emulated or CUDA) reproduces CpuRunner's logits within kLogitTol and its greedy tokens on the built-in model, over a mixed batch (prefills + decodes of 3 sequences, scattered tables), and forward_argmax == argmax(forward).
+TEST_CASE("kernel runner matches CpuRunner on the built-in model") {
+    if (no_device()) return;
+    const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
+    compare_cpu_and_kernel_runners(mt.model, 16, 8, 101, kLogitTol, false);
+}
+
+// Proves the same (logits within kLogitTol, greedy tokens, forward_argmax after prefills and decodes) on a small random model: head_dim 8, GQA 3, hidden 100, vocab 300, block size 4.
+TEST_CASE("kernel runner matches CpuRunner on a small random model") {
+    if (no_device()) return;
+    const pkv::Model m = small_random_model(77);
+    REQUIRE(m.cfg.head_dim() == 8);
+    compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true);
+}
+
+// Proves make_model_runner gives a CpuRunner for cpu and a GpuRunner for this build's kernel kind, refuses the other kernel kind with a message naming the right build, and the kernel path refuses head_dim not a multiple of 4.
+TEST_CASE("make_model_runner picks the device and names the right build") {
+    if (no_device()) return;
+    const pkv::Model m = small_random_model(1);
+    const pkv::Config& c = m.cfg;
+    const pkv::KVGeometry geo{c.n_layers, 4, 4, c.n_kv_heads, c.head_dim()};
+    auto cpu = pkv::make_model_runner(pkv::Device::kCpu, m, geo);
+    CHECK(dynamic_cast<pkv::CpuRunner*>(cpu.get()) != nullptr);
+    auto gpu = pkv::make_model_runner(kernel_device(), m, geo);
+    CHECK(dynamic_cast<pkv::GpuRunner*>(gpu.get()) != nullptr);
+    CHECK(gpu->vocab_size() == c.vocab_size);
+
+    const bool is_cuda = kernel_device() == pkv::Device::kCuda;
+    const pkv::Device other = is_cuda ? pkv::Device::kEmulated : pkv::Device::kCuda;
+    std::string msg;
+    try {
+        (void)pkv::make_model_runner(other, m, geo);
+    } catch (const std::invalid_argument& e) {
+        msg = e.what();
+    }
+    INFO("message: " << msg);
+    REQUIRE(!msg.empty());
+    if (is_cuda) CHECK(msg.find("CPU build") != std::string::npos);
+    else CHECK(msg.find("make cuda") != std::string::npos);
+
+    pkv::Config c6 = c;
+    c6.dim = 36;  // 6 heads of head_dim 6: fine for the CPU, not for 16-byte loads
+    c6.n_kv_heads = 6;
+    const pkv::Model m6 = pkv::make_random_model(c6, 2);
+    const pkv::KVGeometry geo6{c6.n_layers, 4, 4, c6.n_kv_heads, c6.head_dim()};
+    CHECK_NOTHROW((void)pkv::make_model_runner(pkv::Device::kCpu, m6, geo6));
+    CHECK_THROWS_AS((void)pkv::make_model_runner(kernel_device(), m6, geo6), std::invalid_argument);
+    CHECK_THROWS_AS(pkv::parse_device("gpu"), std::invalid_argument);
+}
+
+// ===========================================================================
+// 7. Batch invariance of the kernel path
+// ===========================================================================
+
+// Proves the kernel path's logits for a token are bit-identical whether it is decoded alone, computed inside one long prefill, or inside chunked prefills mixed with other sequences' prefills and decodes (separate runners, different block sizes and tables).
+TEST_CASE("kernel path is batch-invariant bit for bit") {
+    if (no_device()) return;
+    const pkv::Model m = small_random_model(55);
+    const pkv::Config& c = m.cfg;
+    Rng rng(99);
+    const std::vector<int32_t> S = random_tokens(rng, 14, c.vocab_size);
+    const std::vector<int32_t> X = random_tokens(rng, 12, c.vocab_size);
+    const std::vector<int32_t> Y = random_tokens(rng, 6, c.vocab_size);
+    const int V = c.vocab_size;
+    // Logits of S's positions 11, 12 and 13 in each scenario.
+    auto row = [&](const std::vector<float>& logits, int r) {
+        return std::vector<float>(logits.begin() + (std::ptrdiff_t)r * V, logits.begin() + (std::ptrdiff_t)(r + 1) * V);
+    };
+    auto make = [&](int block_size, int num_blocks) {
+        const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
+        return pkv::make_model_runner(kernel_device(), m, geo);
+    };
+    std::vector<std::vector<float>> alone, one_prefill, mixed;
+
+    {  // (a) prefill 0..11, then decode 12 and 13 alone. Block size 4.
+        auto r = make(4, 8);
+        BlockSource src(8, rng);
+        Seq s{S, {}, 0};
+        std::vector<float> logits;
+        pkv::ForwardBatch b0;
+        add_chunk(b0, s, 12, src, 4);
+        r->forward(b0, logits);
+        alone.push_back(row(logits, 0));
+        for (int i = 0; i < 2; ++i) {
+            pkv::ForwardBatch b;
+            add_chunk(b, s, 1, src, 4);
+            r->forward(b, logits);
+            alone.push_back(row(logits, 0));
+        }
+    }
+    {  // (b) one prefill of all 14 tokens, logits for positions 11, 12, 13. Block size 1.
+        auto r = make(1, 20);
+        BlockSource src(20, rng);
+        Seq s{S, {}, 0};
+        pkv::ForwardBatch b;
+        add_chunk(b, s, 14, src, 1);
+        b.logits_indices = {11, 12, 13};
+        std::vector<float> logits;
+        r->forward(b, logits);
+        for (int i = 0; i < 3; ++i) one_prefill.push_back(row(logits, i));
+    }
+    {  // (c) S chunked 0..6 | 7..12 | 13, each chunk beside other sequences. Block size 16.
+        auto r = make(16, 6);
+        BlockSource src(6, rng);
+        Seq s{S, {}, 0}, x{X, {}, 0}, y{Y, {}, 0};
+        std::vector<float> logits;
+        pkv::ForwardBatch b1;  // X prefill, S's first chunk, Y prefill
+        add_chunk(b1, x, 9, src, 16);
+        add_chunk(b1, s, 7, src, 16);
+        add_chunk(b1, y, 3, src, 16);
+        r->forward(b1, logits);
+        pkv::ForwardBatch b2;  // Y decode, S's second chunk (logits at 11 and 12), X decode
+        add_chunk(b2, y, 1, src, 16);
+        const int s_first = b2.num_tokens();
+        add_chunk(b2, s, 6, src, 16);
+        add_chunk(b2, x, 1, src, 16);
+        // Rows: Y, S@11, S@12, X.
+        b2.logits_indices = {b2.logits_indices[0], s_first + 4, s_first + 5, b2.logits_indices[2]};
+        r->forward(b2, logits);
+        mixed.push_back(row(logits, 1));
+        mixed.push_back(row(logits, 2));
+        pkv::ForwardBatch b3;  // X and Y decodes around S's decode of 13, Y's a 2-token chunk
+        add_chunk(b3, x, 1, src, 16);
+        add_chunk(b3, y, 2, src, 16);
+        add_chunk(b3, s, 1, src, 16);
+        r->forward(b3, logits);
+        mixed.push_back(row(logits, 2));
+    }
+    for (int i = 0; i < 3; ++i) {
+        INFO("S position " << 11 + i);
+        CHECK(first_bit_difference(alone[(size_t)i], one_prefill[(size_t)i]) == -1);
+        CHECK(first_bit_difference(alone[(size_t)i], mixed[(size_t)i]) == -1);
+    }
+    // The three positions' logits are different from each other: the rows are real.
+    CHECK(first_bit_difference(alone[0], alone[1]) != -1);
+}
+
+// ===========================================================================
+// 8. build/generate: kernels vs CPU
+// ===========================================================================
+
+// Proves build/generate prints byte-identical greedy text with --device emulated (or, for a `make cuda` build, cuda) and --device cpu, on the built-in model and on stories260K when its files are present.
+TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
+    if (no_device()) return;
+    const bool is_cuda = kernel_device() == pkv::Device::kCuda;
+    const std::string exe = is_cuda ? "./build/cuda/generate" : "./build/generate";
+    if (!is_file(exe)) {
+        MESSAGE("skipped: " << exe << " not built (run from the repo root after `make" << (is_cuda ? " cuda" : "") << "`)");
+        return;
+    }
+    struct Run {
+        std::string name, args;
+    };
+    std::vector<Run> runs = {{"built-in", "-t 0 -n 24 -i 'once upon a time'"}};
+    const std::string dir = models_dir();
+    const std::string ckpt = dir + "/stories260K.bin", tok = dir + "/tok512.bin";
+    if (is_file(ckpt) && is_file(tok))
+        runs.push_back({"stories260K", shell_quote(ckpt) + " -z " + shell_quote(tok) + " -t 0 -n 24 -i 'Once upon a time'"});
+    else
+        MESSAGE("stories260K part skipped: stories260K.bin or tok512.bin not found in " << dir << " (set PAGEDKV_MODELS)");
+    for (const Run& run : runs) {
+        INFO(run.name);
+        const auto [cpu_out, cpu_status] = run_command(shell_quote(exe) + " " + run.args + " --device cpu 2>/dev/null");
+        const auto [dev_out, dev_status] =
+            run_command(shell_quote(exe) + " " + run.args + " --device " + pkv::kDeviceKind + " 2>/dev/null");
+        CHECK(cpu_status == 0);
+        CHECK(dev_status == 0);
+        CHECK(cpu_out.size() > 20);
+        CHECK(dev_out == cpu_out);
+    }
+}
+
+}  // TEST_SUITE("kernels")

@@ -155,6 +155,8 @@ enum class Admission {
 // The knobs; the first three carry vLLM's names. Every one of them trades
 // concurrency (throughput, queueing) against the risk of preemption
 // (recompute, pauses).
+enum class Victim { kNewest, kOldest };
+
 struct SchedulerConfig {
     // The bluntest fix for thrash: fewer sequences growing at once means fewer
     // block boundaries crossed per step.
@@ -184,6 +186,12 @@ struct SchedulerConfig {
     // many are already waiting. 0 = unbounded queue. A fast "try again" instead
     // of a stream that stalls behind a queue the engine cannot drain.
     int max_waiting = 0;
+    // Who is preempted when a block allocation fails. kNewest is vLLM's
+    // running.pop(): the request with the least work to lose, so the oldest
+    // ones keep going and finish. kOldest exists as the contrast studied in
+    // examples/victim_study: it throws away the most work and keeps every
+    // request half-done for longer.
+    Victim victim = Victim::kNewest;
 };
 
 // What schedule() decided for one step. The engine builds the batch in the
@@ -313,12 +321,15 @@ public:
             //     policy may pick one that was, and must take its budget back.)
             bool self_preempted = false;
             while (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) {
-                Request* victim = running_.back();
-                preempt(victim, out);
+                Request* victim = cfg_.victim == Victim::kNewest ? running_.back() : running_.front();
+                const size_t vi = (size_t)(std::find(running_.begin(), running_.end(), victim) - running_.begin());
+                preempt(victim, out, budget);
                 if (victim == req) { self_preempted = true; break; }
+                if (vi < i) --i;  // (kOldest) the victim stood before the cursor
             }
-            // Everything behind `req` was preempted before it, so nothing is left.
-            if (self_preempted) break;  // `req` was the last running request
+            // `req` left running_, so index i already names the next request
+            // (with kNewest there is none: everything behind it went first).
+            if (self_preempted) continue;
             out.scheduled.push_back({req, n});
             budget -= n;
             ++i;
@@ -406,8 +417,16 @@ private:
     // to the front, so chapter 3's victims of step 3 (15, 14, 13) line up as
     // 13, 14, 15, ahead of 16..23: running and waiting together stay in
     // arrival order, which is what keeps completion order close to it.
-    void preempt(Request* victim, SchedulerOutput& out) {
-        running_.pop_back();
+    // With Victim::kOldest the victim may already have been given tokens this
+    // step: they are taken back (removed from `out`, refunded to `budget`).
+    void preempt(Request* victim, SchedulerOutput& out, int& budget) {
+        running_.erase(std::find(running_.begin(), running_.end(), victim));
+        for (auto it = out.scheduled.begin(); it != out.scheduled.end(); ++it)
+            if (it->req == victim) {
+                budget += it->num_new_tokens;
+                out.scheduled.erase(it);
+                break;
+            }
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         victim->state = RequestState::kPreempted;

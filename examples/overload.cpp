@@ -38,6 +38,7 @@ struct Options {
     int max_tokens = 96, prompt_len = 32, max_waiting = 0, max_model_len = 0;
     bool prefix_caching = false, json = false, lanes = true;
     pkv::Admission admission = pkv::Admission::kBet;
+    pkv::Victim victim = pkv::Victim::kNewest;
     uint64_t seed = 1;
     double temperature = 0.0;
     double log_interval = 0.2;
@@ -60,6 +61,7 @@ void usage(FILE* out) {
                  "  --prefix-caching on|off     (default off)\n"
                  "  --admission bet|reserve     page on demand, or reserve prompt+max_tokens (default bet)\n"
                  "  --max-waiting N             shed load: reject when N are waiting (default 0 = never)\n"
+                 "  --victim newest|oldest      who is preempted when the cache runs out (default newest)\n"
                  "  --temperature T             0 = greedy (default 0); sampling is seeded per request\n"
                  "  --seed N                    workload and sampling seed (default 1)\n"
                  "  --no-lanes                  skip the per-step lanes\n"
@@ -109,6 +111,10 @@ Options parse(int argc, char** argv) {
             if (std::string(v) == "bet") o.admission = pkv::Admission::kBet;
             else if (std::string(v) == "reserve") o.admission = pkv::Admission::kReserve;
             else cli::bad_usage("--admission expects bet or reserve");
+        } else if (a == "--victim") {
+            if (std::string(v) == "newest") o.victim = pkv::Victim::kNewest;
+            else if (std::string(v) == "oldest") o.victim = pkv::Victim::kOldest;
+            else cli::bad_usage("--victim expects newest or oldest");
         } else if (a == "-z") o.tokenizer = v;
         else cli::bad_usage("unknown option " + a);
     }
@@ -142,6 +148,7 @@ pkv::EngineConfig engine_config(const Options& opt, pkv::Device device) {
     ec.sched.max_model_len = opt.max_model_len;
     ec.sched.admission = opt.admission;
     ec.sched.max_waiting = opt.max_waiting;
+    ec.sched.victim = opt.victim;
     ec.log_interval_s = opt.log_interval;
     ec.device = device;
     return ec;

@@ -158,6 +158,14 @@ struct Metrics {
     long num_requests_aborted = 0;
     long num_requests_rejected = 0;
     long num_steps = 0;
+    // Preemption by swap (SchedulerConfig::preemption = kSwap): the price is
+    // bytes over PCIe (or memcpy on the CPU) instead of recomputed tokens.
+    long num_swap_outs = 0;        // victims copied to host swap space
+    long num_swap_ins = 0;         // swapped victims copied back and resumed
+    long swap_out_bytes = 0;       // device -> host
+    long swap_in_bytes = 0;        // host -> device
+    long num_swap_fallbacks = 0;   // victims recomputed because the swap space was full
+    double swap_space_usage_perc = 0.0;  // gauge: fraction of host swap slots in use
     // Gauges, as of the last step.
     // kv_cache_usage_perc is a fraction in [0, 1] despite its name, exactly
     // like vLLM's: multiply by 100 to print it (the log line does).
@@ -217,7 +225,8 @@ public:
           geo_{model.cfg.n_layers, cfg_.num_blocks, cfg_.block_size, model.cfg.n_kv_heads, model.cfg.head_dim()},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching),
           sched_(cfg_.sched, pool_),
-          runner_(make_model_runner(cfg_.device, model_, geo_)),
+          runner_(make_model_runner(cfg_.device, model_, geo_,
+                                    cfg_.sched.preemption == Preemption::kSwap ? cfg_.sched.swap_space_blocks : 0)),
           clock_(clock ? clock : &wall_clock_) {
         last_log_time_ = clock_->now();
     }
@@ -291,6 +300,12 @@ public:
     // step": a step mixes decodes, prefill chunks and recomputes freely.
     int step() {
         SchedulerOutput so = sched_.schedule();
+        // Swap copies happen before the forward pass: a victim's freed blocks
+        // still hold its K/V until this step's forward writes into them.
+        if (!so.swap_out.empty()) runner_->swap_out(so.swap_out);
+        if (!so.swap_in.empty()) runner_->swap_in(so.swap_in);
+        metrics_.swap_out_bytes += (long)so.swap_out.size() * (long)block_bytes();
+        metrics_.swap_in_bytes += (long)so.swap_in.size() * (long)block_bytes();
         const double t_sched = clock_->now();
         for (Request* r : so.preempted) emit({EventType::kPreempted, r->id, t_sched});
         for (Request* r : so.resumed) emit({EventType::kResumed, r->id, t_sched});
@@ -392,7 +407,14 @@ public:
 
     // "" when the block pool agrees with every request's block table.
     // The randomized scheduler test calls this after every step.
-    std::string check_invariants() const { return pool_.check_invariants(sched_.all_block_tables()); }
+    // Also checks the host swap space (every slot free xor held by one swapped request).
+    std::string check_invariants() const {
+        std::string e = pool_.check_invariants(sched_.all_block_tables());
+        return e.empty() ? sched_.check_swap_invariants() : e;
+    }
+
+    // Bytes of one block across all layers, K and V: what one swap copy moves.
+    size_t block_bytes() const { return 2 * (size_t)geo_.num_layers * geo_.floats_per_block() * sizeof(float); }
 
     // The vLLM-style periodic line (also available on demand).
     // vLLM's line reads "Avg prompt throughput ... Avg generation throughput
@@ -460,6 +482,12 @@ public:
         scalar("counter", "generation_tokens_total", "Output tokens emitted.", metrics_.generation_tokens_total);
         scalar("counter", "recomputed_tokens_total", "Tokens computed again after a preemption.", metrics_.recomputed_tokens_total);
         scalar("counter", "computed_tokens_total", "All tokens through the model.", metrics_.computed_tokens_total);
+        scalar("counter", "swap_outs_total", "Victims copied to host swap space.", metrics_.num_swap_outs);
+        scalar("counter", "swap_ins_total", "Swapped victims copied back and resumed.", metrics_.num_swap_ins);
+        scalar("counter", "swap_out_bytes_total", "Bytes copied device to host by swap-outs.", metrics_.swap_out_bytes);
+        scalar("counter", "swap_in_bytes_total", "Bytes copied host to device by swap-ins.", metrics_.swap_in_bytes);
+        scalar("counter", "swap_fallbacks_total", "Victims recomputed because the swap space was full.", metrics_.num_swap_fallbacks);
+        scalar("gauge", "swap_space_usage_perc", "Fraction of host swap slots in use (0..1).", metrics_.swap_space_usage_perc);
         scalar("counter", "prefix_cache_queries_total", "Tokens looked up in the prefix cache.", metrics_.prefix_cache_queries);
         scalar("counter", "prefix_cache_hits_total", "Tokens served by the prefix cache.", metrics_.prefix_cache_hits);
         scalar("counter", "request_success_total", "Requests completed (stop token or length limit).", metrics_.num_requests_finished);
@@ -541,7 +569,12 @@ private:
         metrics_.kv_cache_usage_perc = pool_.kv_cache_usage_perc();
         metrics_.max_kv_cache_usage_perc = std::max(metrics_.max_kv_cache_usage_perc, metrics_.kv_cache_usage_perc);
         metrics_.num_requests_running = (int)sched_.running().size();
-        metrics_.num_requests_waiting = (int)sched_.waiting().size();
+        metrics_.num_requests_waiting = (int)(sched_.waiting().size() + sched_.swapped().size());
+        metrics_.num_swap_outs = sched_.num_swap_outs;
+        metrics_.num_swap_ins = sched_.num_swap_ins;
+        metrics_.num_swap_fallbacks = sched_.num_swap_fallbacks;
+        const int swap_total = sched_.config().swap_space_blocks;
+        metrics_.swap_space_usage_perc = swap_total ? (double)sched_.swap_slots_in_use() / swap_total : 0.0;
     }
 
     // Checked once per step, on the engine's clock: at most one line per step,

@@ -123,6 +123,9 @@ struct Request {
     // Empty while waiting (new or preempted): only running requests hold blocks.
     BlockTable block_table;
     int num_preemptions = 0;  // how often this request was a victim
+    // Preemption by swap: the host swap slots that hold copies of its blocks
+    // (logical order), while it waits to be swapped back in. Empty otherwise.
+    std::vector<int32_t> swap_slots;
 
     // Timestamps (engine clock, seconds).
     double arrival_time = 0, first_token_time = -1, last_token_time = -1, finish_time = -1;
@@ -156,6 +159,19 @@ enum class Admission {
 // concurrency (throughput, queueing) against the risk of preemption
 // (recompute, pauses).
 enum class Victim { kNewest, kOldest };
+
+// What happens to a victim's KV cache.
+enum class Preemption {
+    // vLLM V1's only mode: drop it, recompute prompt + outputs on resume.
+    // Costs compute (the recomputed tokens), no memory, no copies.
+    kRecompute,
+    // vLLM V0's other mode: copy the victim's blocks to a host "swap space"
+    // of fixed size, copy them back into fresh blocks on resume, keeping
+    // num_computed_tokens. Costs PCIe bytes both ways and host memory, no
+    // recompute. When the swap space is full we fall back to recompute for
+    // that victim and count it; vLLM V0 raised an error and stopped instead.
+    kSwap,
+};
 
 struct SchedulerConfig {
     // The bluntest fix for thrash: fewer sequences growing at once means fewer
@@ -192,6 +208,8 @@ struct SchedulerConfig {
     // examples/victim_study: it throws away the most work and keeps every
     // request half-done for longer.
     Victim victim = Victim::kNewest;
+    Preemption preemption = Preemption::kRecompute;
+    int swap_space_blocks = 0;  // host swap space, in blocks (kSwap only)
 };
 
 // What schedule() decided for one step. The engine builds the batch in the
@@ -205,6 +223,10 @@ struct SchedulerOutput {
     std::vector<Request*> preempted;          // victims of this step, in preemption order
     std::vector<Request*> resumed;            // previously preempted requests admitted again
     int num_scheduled_tokens = 0;
+    // Copies the engine must make before the forward pass, as (device block,
+    // host swap slot) pairs: swap_out first (the victims' blocks still hold
+    // their K/V until a forward pass writes them), then swap_in.
+    std::vector<std::pair<int32_t, int32_t>> swap_out, swap_in;
 };
 
 // ============================================================================
@@ -227,14 +249,17 @@ public:
                                         std::to_string(blocks_for_tokens(cfg_.max_model_len, pool_.block_size())) +
                                         " blocks but the KV cache has only " + std::to_string(pool_.num_blocks()) +
                                         ": raise --num-blocks or lower --max-model-len");
+        if (cfg_.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
+        for (int i = cfg_.swap_space_blocks - 1; i >= 0; --i) free_swap_slots_.push_back(i);  // pop_back hands out 0 first
     }
 
     const SchedulerConfig& config() const { return cfg_; }
     const std::vector<Request*>& running() const { return running_; }
     const std::deque<Request*>& waiting() const { return waiting_; }
+    const std::deque<Request*>& swapped() const { return swapped_; }
     Request* request(int id) { return id >= 0 && id < (int)requests_.size() ? requests_[id].get() : nullptr; }
     int num_requests() const { return (int)requests_.size(); }
-    bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+    bool has_unfinished() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
 
     // Counters the engine turns into metrics.
     long num_preemptions_total = 0;
@@ -243,6 +268,10 @@ public:
     // their own blocks again.
     long prefix_cache_queries = 0;  // tokens looked up at admission
     long prefix_cache_hits = 0;     // tokens served from cache at admission
+    // Swap (Preemption::kSwap): victims swapped out / back in, blocks copied
+    // each way, and victims that found the swap space full (recomputed instead).
+    long num_swap_outs = 0, num_swap_ins = 0, blocks_swapped_out = 0, blocks_swapped_in = 0, num_swap_fallbacks = 0;
+    int swap_slots_in_use() const { return cfg_.swap_space_blocks - (int)free_swap_slots_.size(); }
 
     // The longest sequence a request may reach: prompt + max_tokens, capped.
     // What reserve admission reserves, and what the bet hopes not to need.
@@ -343,7 +372,32 @@ public:
         //     ones behind it. Skipping ahead would use the pool better and
         //     could starve the big request forever; vLLM's FCFS policy stops
         //     at the head too.
+        //     Swapped-out requests come back before anything new is admitted
+        //     (vLLM V0's order): their K/V are waiting in host memory, and a
+        //     queue head that cannot come back yet blocks new admissions too.
+        bool swapped_blocked = false;
         if (out.preempted.empty()) {
+            while (!swapped_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
+                Request* req = swapped_.front();
+                const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+                if (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) break;
+                for (size_t b = 0; b < req->swap_slots.size(); ++b) {
+                    out.swap_in.push_back({req->block_table.blocks[b], req->swap_slots[b]});
+                    free_swap_slots_.push_back(req->swap_slots[b]);
+                }
+                num_swap_ins++;
+                blocks_swapped_in += (long)req->swap_slots.size();
+                req->swap_slots.clear();
+                swapped_.pop_front();
+                out.resumed.push_back(req);
+                req->state = RequestState::kRunning;
+                running_.push_back(req);
+                out.scheduled.push_back({req, n});
+                budget -= n;
+            }
+            swapped_blocked = !swapped_.empty();
+        }
+        if (out.preempted.empty() && !swapped_blocked) {
             while (!waiting_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
                 Request* req = waiting_.front();
                 const int admitted_tokens = try_admit(req, budget);
@@ -388,8 +442,32 @@ public:
         Request* req = request(id);
         if (!req || req->finished()) return false;
         waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
+        swapped_.erase(std::remove(swapped_.begin(), swapped_.end(), req), swapped_.end());
+        free_swap_slots_.insert(free_swap_slots_.end(), req->swap_slots.begin(), req->swap_slots.end());
+        req->swap_slots.clear();
         finish(*req, FinishReason::kAborted, now);
         return true;
+    }
+
+    // The host swap space's own invariant: every slot is free xor held by
+    // exactly one swapped-out request, and only swapped-out requests hold any.
+    std::string check_swap_invariants() const {
+        std::vector<int> holders(cfg_.swap_space_blocks, 0);
+        for (int32_t s : free_swap_slots_) {
+            if (s < 0 || s >= cfg_.swap_space_blocks) return "free swap slot out of range";
+            holders[s]++;
+        }
+        for (const auto& r : requests_) {
+            const bool swapped = std::find(swapped_.begin(), swapped_.end(), r.get()) != swapped_.end();
+            if (!r->swap_slots.empty() && !swapped) return "request " + std::to_string(r->id) + " holds swap slots but is not swapped out";
+            for (int32_t s : r->swap_slots) {
+                if (s < 0 || s >= cfg_.swap_space_blocks) return "swap slot out of range";
+                holders[s]++;
+            }
+        }
+        for (int s = 0; s < cfg_.swap_space_blocks; ++s)
+            if (holders[s] != 1) return "swap slot " + std::to_string(s) + " is held " + std::to_string(holders[s]) + " times";
+        return "";
     }
 
     // Every block table that holds blocks, for BlockPool::check_invariants.
@@ -427,13 +505,34 @@ private:
                 out.scheduled.erase(it);
                 break;
             }
-        free_blocks(pool_, victim->block_table);
-        victim->num_computed_tokens = 0;
         victim->state = RequestState::kPreempted;
         victim->num_preemptions++;
         num_preemptions_total++;
-        waiting_.push_front(victim);
         out.preempted.push_back(victim);
+        // Swap: copy the blocks that hold computed K/V to host slots, keep
+        // num_computed_tokens, wait in the swapped queue. A victim whose
+        // blocks do not fit in the free swap slots falls back to recompute.
+        const int nblk = blocks_for_tokens(victim->num_computed_tokens, pool_.block_size());
+        if (cfg_.preemption == Preemption::kSwap && nblk > 0) {
+            if (nblk <= (int)free_swap_slots_.size()) {
+                for (int b = 0; b < nblk; ++b) {
+                    const int32_t slot = free_swap_slots_.back();
+                    free_swap_slots_.pop_back();
+                    victim->swap_slots.push_back(slot);
+                    out.swap_out.push_back({victim->block_table.blocks[b], slot});
+                }
+                num_swap_outs++;
+                blocks_swapped_out += nblk;
+                free_blocks(pool_, victim->block_table);
+                swapped_.push_front(victim);
+                return;
+            }
+            num_swap_fallbacks++;
+        }
+        // Recompute: drop the K/V, start over from token 0 on resume.
+        free_blocks(pool_, victim->block_table);
+        victim->num_computed_tokens = 0;
+        waiting_.push_front(victim);
     }
 
     // Try to admit `req` with at most `budget` new tokens this step. Returns the
@@ -475,6 +574,8 @@ private:
     SchedulerConfig cfg_;
     BlockPool& pool_;
     std::vector<std::unique_ptr<Request>> requests_;  // [num requests] by id, never shrinks
+    std::deque<Request*> swapped_;                    // swapped out, front = next to swap in
+    std::vector<int32_t> free_swap_slots_;            // [swap slots free] host swap slot ids
     std::deque<Request*> waiting_;                    // front = next to admit
     std::vector<Request*> running_;                   // admission order: back = newest
 };

@@ -215,25 +215,53 @@ struct ModelRunner {
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(logits.data() + i * V, V);
     }
     virtual int vocab_size() const = 0;
+
+    // Preemption by swap: copy whole blocks (every layer, K and V) between the
+    // KV cache and a host swap space of `swap_blocks` slots, given as
+    // (device block, host slot) pairs. The layout of one slot:
+    //   [num_layers, 2 (K then V), block_size, n_kv_heads, head_dim]
+    virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
+    virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
 };
+
+// Offset, in floats, of layer l's K (kv = 0) or V (kv = 1) inside host swap slot `slot`.
+inline size_t swap_slot_offset(const KVGeometry& g, int32_t slot, int layer, int kv) {
+    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * g.floats_per_block();
+}
 
 // The CPU forward with a KV cache of its own.
 class CpuRunner : public ModelRunner {
 public:
-    CpuRunner(const Model& m, const KVGeometry& geo) : model_(m), cache_(geo), fwd_(m, cache_) {}
+    CpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
+        : model_(m), cache_(geo), fwd_(m, cache_), swap_((size_t)swap_blocks * 2 * geo.num_layers * geo.floats_per_block()) {}
     void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
     int vocab_size() const override { return model_.cfg.vocab_size; }
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, true); }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, false); }
 
 private:
+    void copy(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
+        const KVGeometry& g = cache_.geo;
+        const size_t n = g.floats_per_block();
+        for (const auto& [block, slot] : pairs)
+            for (int l = 0; l < g.num_layers; ++l)
+                for (int kv = 0; kv < 2; ++kv) {
+                    float* dev = (kv ? cache_.v_layer(l) : cache_.k_layer(l)) + (size_t)block * n;
+                    float* host = swap_.data() + swap_slot_offset(g, slot, l, kv);
+                    if (out) std::copy_n(dev, n, host); else std::copy_n(host, n, dev);
+                }
+    }
     const Model& model_;
     KVCache cache_;
     CpuForward fwd_;
+    std::vector<float> swap_;  // [swap_blocks, num_layers, 2, block_size, n_kv_heads, head_dim]
 };
 
 // The kernel path: weights and KV cache in device memory.
 class GpuRunner : public ModelRunner {
 public:
-    GpuRunner(const Model& m, const KVGeometry& geo) : model_(m), geo_(geo) {
+    GpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
+        : model_(m), geo_(geo), swap_((size_t)swap_blocks * 2 * geo.num_layers * geo.floats_per_block()) {
         const Config& c = m.cfg;
         if (c.head_dim() % 4 != 0 || c.head_dim() > 256)
             throw std::invalid_argument("the kernel path needs head_dim a multiple of 4, at most 256 (this model: " +
@@ -266,7 +294,29 @@ public:
     }
     int vocab_size() const override { return model_.cfg.vocab_size; }
 
+    // One copy per (block, layer, K or V): block_size * kv_dim floats each.
+    // (vLLM V0 batched these into one kernel launch per step; a production
+    // engine would also use pinned host memory and an asynchronous stream.)
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        const size_t n = geo_.floats_per_block();
+        for (const auto& [block, slot] : pairs)
+            for (int l = 0; l < geo_.num_layers; ++l)
+                for (int kv = 0; kv < 2; ++kv)
+                    copy_to_host(swap_.data() + swap_slot_offset(geo_, slot, l, kv), cache_ptr(l, kv) + (size_t)block * n, n * sizeof(float));
+    }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        const size_t n = geo_.floats_per_block();
+        for (const auto& [block, slot] : pairs)
+            for (int l = 0; l < geo_.num_layers; ++l)
+                for (int kv = 0; kv < 2; ++kv)
+                    copy_to_device(cache_ptr(l, kv) + (size_t)block * n, swap_.data() + swap_slot_offset(geo_, slot, l, kv), n * sizeof(float));
+    }
+
 private:
+    float* cache_ptr(int layer, int kv) const {
+        return (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * geo_.floats_per_layer();
+    }
+
     // The forward pass; leaves logits_ [num_logits, vocab] on the device.
     void run(const ForwardBatch& b) {
         const Config& c = model_.cfg;
@@ -324,6 +374,7 @@ private:
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
+    std::vector<float> swap_;  // host swap space [swap_blocks, num_layers, 2, block_size, n_kv_heads, head_dim]
 };
 
 enum class Device { kCpu, kEmulated, kCuda };
@@ -343,8 +394,9 @@ inline Device parse_device(const std::string& s) {
 // A runner for `device`. A g++/clang++ build runs the kernels emulated; a
 // `make cuda` build runs them on the GPU. Asking a build for the other kind is
 // an error that says which build to use.
-inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const KVGeometry& geo) {
-    if (device == Device::kCpu) return std::make_unique<CpuRunner>(m, geo);
+inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const KVGeometry& geo,
+                                                      int swap_blocks = 0) {
+    if (device == Device::kCpu) return std::make_unique<CpuRunner>(m, geo, swap_blocks);
     const std::string built = kDeviceKind;
     if (to_string(device) != built)
         throw std::invalid_argument(device == Device::kCuda
@@ -352,7 +404,7 @@ inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model
                                         : "--device emulated needs the CPU build (`make`); this `make cuda` binary runs kernels on the GPU");
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("--device cuda: no usable GPU here (CUDA says: " + why + ")");
-    return std::make_unique<GpuRunner>(m, geo);
+    return std::make_unique<GpuRunner>(m, geo, swap_blocks);
 }
 
 }  // namespace pkv

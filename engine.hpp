@@ -205,6 +205,11 @@ struct EngineConfig {
     // `make cuda` build, emulated on the CPU otherwise). The scheduler, the
     // pool and everything in this file are the same for all three.
     Device device = Device::kCpu;
+    // The KV cache's element type (paged_kv.cuh section 1), and optionally its
+    // size as a byte budget: with kv_cache_bytes > 0, num_blocks is derived
+    // from it, so a smaller dtype buys more blocks and fewer preemptions.
+    KVDtype kv_dtype = KVDtype::kF32;
+    size_t kv_cache_bytes = 0;
 };
 
 class Engine {
@@ -222,7 +227,7 @@ public:
     // (in host memory for the CPU, in device memory for the kernels).
     Engine(const Model& model, EngineConfig cfg, Clock* clock = nullptr)
         : model_(model), cfg_(derive(model, cfg)),
-          geo_{model.cfg.n_layers, cfg_.num_blocks, cfg_.block_size, model.cfg.n_kv_heads, model.cfg.head_dim()},
+          geo_{model.cfg.n_layers, cfg_.num_blocks, cfg_.block_size, model.cfg.n_kv_heads, model.cfg.head_dim(), cfg_.kv_dtype},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching),
           sched_(cfg_.sched, pool_),
           runner_(make_model_runner(cfg_.device, model_, geo_,
@@ -254,10 +259,10 @@ public:
         const long pool_tokens = (long)cfg_.num_blocks * cfg_.block_size;
         char buf[400];
         std::snprintf(buf, sizeof buf,
-                      "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB, %d layers, on %s). max_model_len %d. "
+                      "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB of %s, %d layers, on %s). max_model_len %d. "
                       "Maximum concurrency for %d tokens per request: %.2fx",
                       cfg_.num_blocks, cfg_.block_size, pool_tokens,
-                      2.0 * geo_.num_layers * geo_.floats_per_layer() * sizeof(float) / 1048576.0, model_.cfg.n_layers,
+                      (double)cfg_.num_blocks * geo_.bytes_per_block() / 1048576.0, to_string(cfg_.kv_dtype), model_.cfg.n_layers,
                       to_string(cfg_.device),
                       cfg_.sched.max_model_len, cfg_.sched.max_model_len, (double)pool_tokens / cfg_.sched.max_model_len);
         return buf;
@@ -414,7 +419,7 @@ public:
     }
 
     // Bytes of one block across all layers, K and V: what one swap copy moves.
-    size_t block_bytes() const { return 2 * (size_t)geo_.num_layers * geo_.floats_per_block() * sizeof(float); }
+    size_t block_bytes() const { return geo_.bytes_per_block(); }
 
     // The vLLM-style periodic line (also available on demand).
     // vLLM's line reads "Avg prompt throughput ... Avg generation throughput
@@ -511,8 +516,17 @@ private:
     // instead, and say so in the startup line, so that a demo with a tiny
     // pool still starts; an explicit --max-model-len is never silently changed.
     static EngineConfig derive(const Model& m, EngineConfig c) {
-        if (c.num_blocks <= 0) throw std::invalid_argument("--num-blocks must be >= 1");
         if (c.block_size <= 0) throw std::invalid_argument("--block-size must be >= 1");
+        if (c.kv_cache_bytes > 0) {
+            // A byte budget: as many blocks of this dtype as fit. f16 gives
+            // twice the blocks of f32, int8 (with its scales) almost four times.
+            const KVGeometry g{m.cfg.n_layers, 1, c.block_size, m.cfg.n_kv_heads, m.cfg.head_dim(), c.kv_dtype};
+            c.num_blocks = (int)(c.kv_cache_bytes / g.bytes_per_block());
+            if (c.num_blocks <= 0)
+                throw std::invalid_argument("a KV cache of " + std::to_string(c.kv_cache_bytes) + " bytes holds no block of " +
+                                            std::to_string(g.bytes_per_block()) + " bytes: raise the budget");
+        }
+        if (c.num_blocks <= 0) throw std::invalid_argument("--num-blocks must be >= 1");
         const long pool_tokens = (long)c.num_blocks * c.block_size;
         if (c.sched.max_model_len == 0) c.sched.max_model_len = (int)std::min<long>(m.cfg.seq_len, pool_tokens);
         // Positions past the model's context are untrained, and the forward

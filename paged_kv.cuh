@@ -71,18 +71,45 @@ namespace pkv {
 // vLLM's CUDA backend splits head_dim further ("x" packing) for 16-byte loads;
 // we keep the plain layout because it reads the same on paper and in code.
 
+// The element type of the cache. A smaller type means more blocks in the same
+// memory, so fewer preemptions -- paid for with precision:
+//   kF32   4 bytes, exact (what the model computed)
+//   kF16   2 bytes, IEEE half: ~3 significant digits, range +-65504
+//   kInt8  1 byte + one float scale per (token, kv head): each head vector is
+//          stored as round(x / s) with s = max|x| / 127 (symmetric, per-token,
+//          per-head; vLLM's fp8/int8 caches use per-tensor or per-head scales).
+enum class KVDtype : int32_t { kF32 = 0, kF16 = 1, kInt8 = 2 };
+
+PKV_HD inline int kv_dtype_bytes(KVDtype t) { return t == KVDtype::kF32 ? 4 : t == KVDtype::kF16 ? 2 : 1; }
+inline const char* to_string(KVDtype t) { return t == KVDtype::kF32 ? "f32" : t == KVDtype::kF16 ? "f16" : "int8"; }
+inline KVDtype parse_kv_dtype(const std::string& s) {
+    if (s == "f32") return KVDtype::kF32;
+    if (s == "f16") return KVDtype::kF16;
+    if (s == "int8") return KVDtype::kInt8;
+    throw std::invalid_argument("kv_dtype must be f32, f16 or int8, got '" + s + "'");
+}
+
 struct KVGeometry {
     int num_layers = 0;
     int num_blocks = 0;
     int block_size = 0;
     int num_kv_heads = 0;
     int head_dim = 0;
+    KVDtype dtype = KVDtype::kF32;
 
-    // Floats in one token slot (all kv heads) and in one block.
+    // Elements (floats when dtype is f32) in one token slot (all kv heads) and in one block.
     size_t floats_per_slot() const { return (size_t)num_kv_heads * head_dim; }
     size_t floats_per_block() const { return (size_t)block_size * floats_per_slot(); }
-    // Floats of K (or of V) for one layer: [num_blocks, block_size, num_kv_heads, head_dim].
+    // Elements of K (or of V) for one layer: [num_blocks, block_size, num_kv_heads, head_dim].
     size_t floats_per_layer() const { return (size_t)num_blocks * floats_per_block(); }
+    // Bytes of K (or V) data, and of int8 scales, for one block of one layer.
+    size_t data_bytes_per_block() const { return floats_per_block() * kv_dtype_bytes(dtype); }
+    size_t scales_per_block() const { return dtype == KVDtype::kInt8 ? (size_t)block_size * num_kv_heads : 0; }
+    // Everything one block holds: every layer, K and V, data and scales. What
+    // a swap copies, and what a byte budget is divided by.
+    size_t bytes_per_block() const {
+        return 2 * (size_t)num_layers * (data_bytes_per_block() + scales_per_block() * sizeof(float));
+    }
 };
 
 // Number of blocks needed to hold `num_tokens` positions.
@@ -102,19 +129,110 @@ PKV_HD inline int64_t kv_offset(int64_t slot, int kv_head, int num_kv_heads, int
     return (slot * num_kv_heads + kv_head) * head_dim;
 }
 
-// The KV cache itself: one K and one V array per layer, float32.
+// ---- reading and writing one element of any dtype -------------------------
+//
+// float <-> IEEE half, by bit manipulation (round to nearest even), so the CPU,
+// the emulated kernels and the GPU produce the very same bits.
+PKV_HD inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t absx = x & 0x7FFFFFFFu;
+    if (absx >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0));  // inf, nan
+    if (absx >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds above 65504: inf
+    if (absx < 0x38800000u) {                                     // a half subnormal (or zero)
+        const uint32_t mant = (absx & 0x7FFFFFu) | 0x800000u;
+        const int shift = 113 - (int)(absx >> 23);                // 14..24 (more: rounds to 0)
+        if (shift > 24) return (uint16_t)sign;
+        const uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        return (uint16_t)(sign | (half + (rem > mid || (rem == mid && (half & 1)))));
+    }
+    const uint32_t r = absx - 0x38000000u;  // rebias exponent 127 -> 15, keep 23 mantissa bits
+    const uint32_t half = r >> 13, rem = r & 0x1FFFu;
+    return (uint16_t)(sign | (half + (rem > 0x1000u || (rem == 0x1000u && (half & 1)))));
+}
+PKV_HD inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+    uint32_t x;
+    if (exp == 0x1F) x = sign | 0x7F800000u | (mant << 13);                // inf, nan
+    else if (exp != 0) x = sign | ((exp + 112) << 23) | (mant << 13);      // normal
+    else if (mant == 0) x = sign;                                           // zero
+    else {                                                                  // subnormal: normalise
+        int e = -1;
+        uint32_t m = mant;
+        do { m <<= 1; ++e; } while (!(m & 0x400u));
+        x = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+// One layer's K (or V) as the kernels see it: typed data, plus int8 scales.
+struct KVView {
+    KVDtype dtype = KVDtype::kF32;
+    void* data = nullptr;    // [num_blocks, block_size, n_kv_heads, head_dim] elements of dtype
+    float* scale = nullptr;  // [num_blocks, block_size, n_kv_heads], kInt8 only
+    int n_kv_heads = 0, head_dim = 0;
+};
+
+// Element d of kv head h in `slot`, as a float. This and kv_store are the only
+// places that know how each dtype is laid out.
+PKV_HD inline float kv_load(const KVView& v, int64_t slot, int h, int d) {
+    const int64_t i = kv_offset(slot, h, v.n_kv_heads, v.head_dim) + d;
+    if (v.dtype == KVDtype::kF32) return static_cast<const float*>(v.data)[i];
+    if (v.dtype == KVDtype::kF16) return half_to_float(static_cast<const uint16_t*>(v.data)[i]);
+    return static_cast<const int8_t*>(v.data)[i] * v.scale[slot * v.n_kv_heads + h];
+}
+
+// Store one head vector x[head_dim] into kv head h of `slot`. For int8 the
+// scale is max|x| / 127, so the largest element maps to +-127 exactly.
+PKV_HD inline void kv_store(const KVView& v, int64_t slot, int h, const float* x) {
+    const int64_t base = kv_offset(slot, h, v.n_kv_heads, v.head_dim);
+    if (v.dtype == KVDtype::kF32) {
+        for (int d = 0; d < v.head_dim; ++d) static_cast<float*>(v.data)[base + d] = x[d];
+    } else if (v.dtype == KVDtype::kF16) {
+        for (int d = 0; d < v.head_dim; ++d) static_cast<uint16_t*>(v.data)[base + d] = float_to_half(x[d]);
+    } else {
+        float amax = 0.0f;
+        for (int d = 0; d < v.head_dim; ++d) amax = fmaxf(amax, fabsf(x[d]));
+        const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+        v.scale[slot * v.n_kv_heads + h] = scale;
+        for (int d = 0; d < v.head_dim; ++d) {
+            float q = floorf(x[d] / scale + 0.5f);
+            q = fminf(127.0f, fmaxf(-127.0f, q));
+            static_cast<int8_t*>(v.data)[base + d] = (int8_t)q;
+        }
+    }
+}
+
+// The KV cache in host memory: per layer, K and V data of geo.dtype, plus
+// int8 scales. Data is kept in float-sized words so f32 code can address it
+// as floats: [num_layers, words per layer].
 struct KVCache {
     KVGeometry geo;
-    std::vector<float> k;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
-    std::vector<float> v;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim]
+    std::vector<float> k;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim] elements of geo.dtype
+    std::vector<float> v;  // (f16 and int8 pack 2 and 4 elements into each float-sized word)
+    std::vector<float> k_scale, v_scale;  // [num_layers, num_blocks, block_size, num_kv_heads], int8 only
 
     KVCache() = default;
     explicit KVCache(const KVGeometry& g)
-        : geo(g), k((size_t)g.num_layers * g.floats_per_layer()), v(k.size()) {}
+        : geo(g), k((size_t)g.num_layers * layer_words(g)), v(k.size()),
+          k_scale((size_t)g.num_layers * g.num_blocks * g.scales_per_block()), v_scale(k_scale.size()) {}
 
-    float* k_layer(int layer) { return k.data() + (size_t)layer * geo.floats_per_layer(); }
-    float* v_layer(int layer) { return v.data() + (size_t)layer * geo.floats_per_layer(); }
-    size_t bytes() const { return (k.size() + v.size()) * sizeof(float); }
+    // Float-sized words of data per layer.
+    static size_t layer_words(const KVGeometry& g) { return (g.floats_per_layer() * kv_dtype_bytes(g.dtype) + 3) / 4; }
+    float* k_layer(int layer) { return k.data() + (size_t)layer * layer_words(geo); }
+    float* v_layer(int layer) { return v.data() + (size_t)layer * layer_words(geo); }
+    KVView k_view(int layer) { return view(k_layer(layer), k_scale, layer); }
+    KVView v_view(int layer) { return view(v_layer(layer), v_scale, layer); }
+    size_t bytes() const { return (k.size() + v.size() + k_scale.size() + v_scale.size()) * sizeof(float); }
+
+private:
+    KVView view(float* data, std::vector<float>& scales, int layer) {
+        float* sc = scales.empty() ? nullptr : scales.data() + (size_t)layer * geo.num_blocks * geo.scales_per_block();
+        return KVView{geo.dtype, data, sc, geo.num_kv_heads, geo.head_dim};
+    }
 };
 
 // ============================================================================
@@ -483,8 +601,8 @@ struct AttentionShape {
 
 inline void paged_attention_ref(float* out,                   // [num_tokens, n_heads, head_dim]
                                 const float* q,               // [num_tokens, n_heads, head_dim]
-                                const float* k_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
-                                const float* v_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const KVView& k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const KVView& v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
                                 const int32_t* block_tables,  // [num_seqs, max_blocks_per_seq]
                                 const int32_t* token_seq,     // [num_tokens] row of block_tables
                                 const int32_t* positions,     // [num_tokens] ctx = position + 1
@@ -503,9 +621,9 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             // Pass 1: scores and their max.
             float max_score = -INFINITY;
             for (int j = 0; j < ctx; ++j) {
-                const float* kj = k_cache + kv_offset(slot_of(table, j, s.block_size), kvh, s.n_kv_heads, s.head_dim);
+                const int64_t slot = slot_of(table, j, s.block_size);
                 float dot = 0.0f;
-                for (int d = 0; d < s.head_dim; ++d) dot += qh[d] * kj[d];
+                for (int d = 0; d < s.head_dim; ++d) dot += qh[d] * kv_load(k_cache, slot, kvh, d);
                 score[j] = dot / scale_div;
                 if (score[j] > max_score) max_score = score[j];
             }
@@ -519,11 +637,21 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             // Weighted sum of values.
             for (int d = 0; d < s.head_dim; ++d) oh[d] = 0.0f;
             for (int j = 0; j < ctx; ++j) {
-                const float* vj = v_cache + kv_offset(slot_of(table, j, s.block_size), kvh, s.n_kv_heads, s.head_dim);
-                for (int d = 0; d < s.head_dim; ++d) oh[d] += score[j] * vj[d];
+                const int64_t slot = slot_of(table, j, s.block_size);
+                for (int d = 0; d < s.head_dim; ++d) oh[d] += score[j] * kv_load(v_cache, slot, kvh, d);
             }
         }
     }
+}
+
+// The same over plain float32 caches.
+inline KVView f32_view(const float* cache, const AttentionShape& s) {
+    return KVView{KVDtype::kF32, const_cast<float*>(cache), nullptr, s.n_kv_heads, s.head_dim};
+}
+inline void paged_attention_ref(float* out, const float* q, const float* k_cache, const float* v_cache,
+                                const int32_t* block_tables, const int32_t* token_seq, const int32_t* positions, int num_tokens,
+                                const AttentionShape& s) {
+    paged_attention_ref(out, q, f32_view(k_cache, s), f32_view(v_cache, s), block_tables, token_seq, positions, num_tokens, s);
 }
 
 // ============================================================================
@@ -548,31 +676,52 @@ PKV_HD inline void load4(const float* p, float& a, float& b, float& c, float& d)
 #endif
 }
 
-// ---- reshape_and_cache ---------------------------------------------------------
-// grid (num_tokens), block (128): token t's K and V vectors (all kv heads) go to
-// slot slot_mapping[t]. A slot < 0 means "do not cache" (vLLM's padding rule).
-// No shared memory, no barrier: every element is copied by exactly one thread.
-static __global__ void reshape_and_cache_kernel(const float* k,        // [num_tokens, n_kv_heads * head_dim]
-                                         const float* v,        // [num_tokens, n_kv_heads * head_dim]
-                                         float* k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
-                                         float* v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
-                                         const int64_t* slot_mapping,  // [num_tokens]
-                                         int n_kv_heads, int head_dim) {
-    const int t = blockIdx.x;
-    const int64_t slot = slot_mapping[t];
-    if (slot < 0) return;
-    const int kv_dim = n_kv_heads * head_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        const int64_t dst = kv_offset(slot, i / head_dim, n_kv_heads, head_dim) + i % head_dim;
-        k_cache[dst] = k[(size_t)t * kv_dim + i];
-        v_cache[dst] = v[(size_t)t * kv_dim + i];
+// Elements d..d+3 of kv head h in `slot`, for any dtype: one 16-byte load for
+// f32, one 8-byte load of four halves for f16, one 4-byte load for int8 (then
+// times the vector's scale). d is a multiple of 4.
+PKV_HD inline void kv_load4(const KVView& v, int64_t slot, int h, int d, float& a, float& b, float& c, float& e) {
+    const int64_t i = kv_offset(slot, h, v.n_kv_heads, v.head_dim) + d;
+    if (v.dtype == KVDtype::kF32) {
+        load4(static_cast<const float*>(v.data) + i, a, b, c, e);
+    } else if (v.dtype == KVDtype::kF16) {
+        const uint16_t* p = static_cast<const uint16_t*>(v.data) + i;
+        a = half_to_float(p[0]); b = half_to_float(p[1]); c = half_to_float(p[2]); e = half_to_float(p[3]);
+    } else {
+        const int8_t* p = static_cast<const int8_t*>(v.data) + i;
+        const float sc = v.scale[slot * v.n_kv_heads + h];
+        a = p[0] * sc; b = p[1] * sc; c = p[2] * sc; e = p[3] * sc;
     }
 }
 
+// ---- reshape_and_cache ---------------------------------------------------------
+// grid (num_tokens), block (32): token t's K and V vectors (all kv heads) go to
+// slot slot_mapping[t], one thread per kv head vector (kv_store converts it to
+// the cache's dtype; int8 needs the whole vector for its scale). A slot < 0
+// means "do not cache" (vLLM's padding rule). No shared memory, no barrier.
+static __global__ void reshape_and_cache_kernel(const float* k,        // [num_tokens, n_kv_heads * head_dim]
+                                                const float* v,        // [num_tokens, n_kv_heads * head_dim]
+                                                KVView k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                                KVView v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                                const int64_t* slot_mapping) {  // [num_tokens]
+    const int t = blockIdx.x;
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) return;
+    const int kv_dim = k_cache.n_kv_heads * k_cache.head_dim;
+    for (int h = threadIdx.x; h < k_cache.n_kv_heads; h += blockDim.x) {
+        kv_store(k_cache, slot, h, k + (size_t)t * kv_dim + (size_t)h * k_cache.head_dim);
+        kv_store(v_cache, slot, h, v + (size_t)t * kv_dim + (size_t)h * v_cache.head_dim);
+    }
+}
+
+inline void reshape_and_cache(const float* k, const float* v, const KVView& k_cache, const KVView& v_cache,
+                              const int64_t* slot_mapping, int num_tokens) {
+    launch(reshape_and_cache_kernel, dim3(num_tokens), dim3(32), 0, k, v, k_cache, v_cache, slot_mapping);
+}
+// The same into plain float32 caches.
 inline void reshape_and_cache(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slot_mapping,
                               int num_tokens, int n_kv_heads, int head_dim) {
-    launch(reshape_and_cache_kernel, dim3(num_tokens), dim3(128), 0, k, v, k_cache, v_cache, slot_mapping, n_kv_heads,
-           head_dim);
+    const KVView kc{KVDtype::kF32, k_cache, nullptr, n_kv_heads, head_dim}, vc{KVDtype::kF32, v_cache, nullptr, n_kv_heads, head_dim};
+    reshape_and_cache(k, v, kc, vc, slot_mapping, num_tokens);
 }
 
 // ---- paged_attention -----------------------------------------------------------
@@ -632,8 +781,8 @@ inline int attention_tile_keys(int group, int head_dim) {
 
 static __global__ void paged_attention_kernel(float* out,                   // [num_tokens, n_heads, head_dim]
                                        const float* q,               // [num_tokens, n_heads, head_dim]
-                                       const float* k_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
-                                       const float* v_cache,         // [num_blocks, block_size, n_kv_heads, head_dim]
+                                       KVView k_cache,               // [num_blocks, block_size, n_kv_heads, head_dim]
+                                       KVView v_cache,               // [num_blocks, block_size, n_kv_heads, head_dim]
                                        const int32_t* block_tables,  // [num_seqs, max_blocks_per_seq]
                                        const int32_t* token_seq,     // [num_tokens]
                                        const int32_t* positions,     // [num_tokens]
@@ -668,12 +817,12 @@ static __global__ void paged_attention_kernel(float* out,                   // [
         const int vec_per_key = hd / 4;
         for (int i = tid; i < n * vec_per_key; i += nthr) {
             const int j = i / vec_per_key, d = (i % vec_per_key) * 4;
-            const int64_t off = kv_offset(slot_of(table, start + j, s.block_size), kvh, s.n_kv_heads, hd) + d;
+            const int64_t slot = slot_of(table, start + j, s.block_size);
             float a, b, c, e;
-            load4(k_cache + off, a, b, c, e);
+            kv_load4(k_cache, slot, kvh, d, a, b, c, e);
             float* kr = sk + j * (hd + 1) + d;  // padded row: scalar stores
             kr[0] = a; kr[1] = b; kr[2] = c; kr[3] = e;
-            load4(v_cache + off, a, b, c, e);
+            kv_load4(v_cache, slot, kvh, d, a, b, c, e);
             float* vr = sv + j * hd + d;
             vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
         }
@@ -725,7 +874,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
 
 // Host side: check the shape, size the tile, launch. All pointers are device
 // pointers (host memory under emulation).
-inline void paged_attention(float* out, const float* q, const float* k_cache, const float* v_cache,
+inline void paged_attention(float* out, const float* q, const KVView& k_cache, const KVView& v_cache,
                             const int32_t* block_tables, const int32_t* token_seq, const int32_t* positions, int num_tokens,
                             const AttentionShape& s) {
     if (s.head_dim % 4 != 0 || s.head_dim > 256) throw std::invalid_argument("paged_attention: head_dim must be a multiple of 4, at most 256");
@@ -737,6 +886,13 @@ inline void paged_attention(float* out, const float* q, const float* k_cache, co
     launch(paged_attention_kernel, dim3(num_tokens, s.n_kv_heads), dim3(kAttnThreads),
            (size_t)attention_smem_floats(G, s.head_dim, tk) * sizeof(float), out, q, k_cache, v_cache, block_tables,
            token_seq, positions, s, tk);
+}
+
+// The same over plain float32 caches.
+inline void paged_attention(float* out, const float* q, const float* k_cache, const float* v_cache,
+                            const int32_t* block_tables, const int32_t* token_seq, const int32_t* positions, int num_tokens,
+                            const AttentionShape& s) {
+    paged_attention(out, q, f32_view(k_cache, s), f32_view(v_cache, s), block_tables, token_seq, positions, num_tokens, s);
 }
 
 }  // namespace pkv

@@ -191,16 +191,16 @@ struct CpuForward {
             matmul(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
             matmul(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
             matmul(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
-            float* kc = cache.k_layer(l);  // [num_blocks, block_size, n_kv_heads, head_dim]
-            float* vc = cache.v_layer(l);
+            const KVView kc = cache.k_view(l);  // [num_blocks, block_size, n_kv_heads, head_dim] of the cache's dtype
+            const KVView vc = cache.v_view(l);
             for (int t = 0; t < T; ++t) {
                 rope(&q[(size_t)t * D], D, hd, b.positions[t]);
                 rope(&k[(size_t)t * KV], KV, hd, b.positions[t]);
-                // reshape_and_cache: one slot holds all kv heads of one token.
+                // reshape_and_cache: one slot holds all kv heads of one token;
+                // kv_store converts to the cache's dtype, as the kernel does.
                 for (int h = 0; h < c.n_kv_heads; ++h) {
-                    const int64_t off = kv_offset(b.slot_mapping[t], h, c.n_kv_heads, hd);
-                    std::copy_n(&k[(size_t)t * KV + (size_t)h * hd], hd, kc + off);
-                    std::copy_n(&v[(size_t)t * KV + (size_t)h * hd], hd, vc + off);
+                    kv_store(kc, b.slot_mapping[t], h, &k[(size_t)t * KV + (size_t)h * hd]);
+                    kv_store(vc, b.slot_mapping[t], h, &v[(size_t)t * KV + (size_t)h * hd]);
                 }
             }
             paged_attention_ref(att.data(), q.data(), kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, shape);

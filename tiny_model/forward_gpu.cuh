@@ -216,24 +216,40 @@ struct ModelRunner {
     }
     virtual int vocab_size() const = 0;
 
-    // Preemption by swap: copy whole blocks (every layer, K and V) between the
-    // KV cache and a host swap space of `swap_blocks` slots, given as
-    // (device block, host slot) pairs. The layout of one slot:
-    //   [num_layers, 2 (K then V), block_size, n_kv_heads, head_dim]
+    // Preemption by swap: copy whole blocks (every layer, K and V, data and
+    // int8 scales) between the KV cache and a host swap space of
+    // `swap_blocks` slots, given as (device block, host slot) pairs. One slot
+    // is geo.bytes_per_block() bytes:
+    //   [num_layers, 2 (K then V), data_bytes_per_block + scales_per_block * 4]
     virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
     virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
 };
 
-// Offset, in floats, of layer l's K (kv = 0) or V (kv = 1) inside host swap slot `slot`.
+// Byte offset of layer l's K (kv = 0) or V (kv = 1) part inside host swap slot `slot`.
 inline size_t swap_slot_offset(const KVGeometry& g, int32_t slot, int layer, int kv) {
-    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * g.floats_per_block();
+    const size_t part = g.data_bytes_per_block() + g.scales_per_block() * sizeof(float);
+    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * part;
+}
+
+// Copy block `block` of one layer's K or V (`view`) to or from `host` (a swap
+// slot part): data bytes, then the int8 scales. `copy` is memcpy-like:
+// (dst, src, bytes), host->device or device->host as the caller needs.
+template <class Copy>
+inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t block, unsigned char* host, bool out, Copy copy) {
+    unsigned char* data = static_cast<unsigned char*>(view.data) + (size_t)block * g.data_bytes_per_block();
+    if (out) copy(host, data, g.data_bytes_per_block()); else copy(data, host, g.data_bytes_per_block());
+    if (g.scales_per_block() == 0) return;
+    unsigned char* sc = reinterpret_cast<unsigned char*>(view.scale + (size_t)block * g.scales_per_block());
+    unsigned char* hs = host + g.data_bytes_per_block();
+    const size_t n = g.scales_per_block() * sizeof(float);
+    if (out) copy(hs, sc, n); else copy(sc, hs, n);
 }
 
 // The CPU forward with a KV cache of its own.
 class CpuRunner : public ModelRunner {
 public:
     CpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
-        : model_(m), cache_(geo), fwd_(m, cache_), swap_((size_t)swap_blocks * 2 * geo.num_layers * geo.floats_per_block()) {}
+        : model_(m), cache_(geo), fwd_(m, cache_), swap_((size_t)swap_blocks * geo.bytes_per_block()) {}
     void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
     int vocab_size() const override { return model_.cfg.vocab_size; }
     void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, true); }
@@ -242,26 +258,24 @@ public:
 private:
     void copy(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
         const KVGeometry& g = cache_.geo;
-        const size_t n = g.floats_per_block();
+        auto memcpy_ = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
         for (const auto& [block, slot] : pairs)
             for (int l = 0; l < g.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv) {
-                    float* dev = (kv ? cache_.v_layer(l) : cache_.k_layer(l)) + (size_t)block * n;
-                    float* host = swap_.data() + swap_slot_offset(g, slot, l, kv);
-                    if (out) std::copy_n(dev, n, host); else std::copy_n(host, n, dev);
-                }
+                for (int kv = 0; kv < 2; ++kv)
+                    copy_block_part(g, kv ? cache_.v_view(l) : cache_.k_view(l), block, swap_.data() + swap_slot_offset(g, slot, l, kv),
+                                    out, memcpy_);
     }
     const Model& model_;
     KVCache cache_;
     CpuForward fwd_;
-    std::vector<float> swap_;  // [swap_blocks, num_layers, 2, block_size, n_kv_heads, head_dim]
+    std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
 };
 
 // The kernel path: weights and KV cache in device memory.
 class GpuRunner : public ModelRunner {
 public:
     GpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
-        : model_(m), geo_(geo), swap_((size_t)swap_blocks * 2 * geo.num_layers * geo.floats_per_block()) {
+        : model_(m), geo_(geo), swap_((size_t)swap_blocks * geo.bytes_per_block()) {
         const Config& c = m.cfg;
         if (c.head_dim() % 4 != 0 || c.head_dim() > 256)
             throw std::invalid_argument("the kernel path needs head_dim a multiple of 4, at most 256 (this model: " +
@@ -271,11 +285,14 @@ public:
         wv_.upload(w.wv); wo_.upload(w.wo); rms_ffn_.upload(w.rms_ffn); w1_.upload(w.w1); w2_.upload(w.w2);
         w3_.upload(w.w3); rms_final_.upload(w.rms_final);
         if (!c.shared_classifier) wcls_.upload(w.wcls);
-        const size_t cache_floats = (size_t)geo.num_layers * geo.floats_per_layer();
-        k_cache_ = DeviceBuffer<float>(cache_floats);  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim]
-        v_cache_ = DeviceBuffer<float>(cache_floats);
-        device_memset(k_cache_.data(), 0, cache_floats * sizeof(float));
-        device_memset(v_cache_.data(), 0, cache_floats * sizeof(float));
+        const size_t cache_words = (size_t)geo.num_layers * KVCache::layer_words(geo);
+        k_cache_ = DeviceBuffer<float>(cache_words);  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] of geo.dtype
+        v_cache_ = DeviceBuffer<float>(cache_words);
+        device_memset(k_cache_.data(), 0, cache_words * sizeof(float));
+        device_memset(v_cache_.data(), 0, cache_words * sizeof(float));
+        const size_t scales = (size_t)geo.num_layers * geo.num_blocks * geo.scales_per_block();
+        k_scale_ = DeviceBuffer<float>(scales);  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
+        v_scale_ = DeviceBuffer<float>(scales);
     }
 
     void forward(const ForwardBatch& b, std::vector<float>& logits) override {
@@ -298,23 +315,25 @@ public:
     // (vLLM V0 batched these into one kernel launch per step; a production
     // engine would also use pinned host memory and an asynchronous stream.)
     void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
-        const size_t n = geo_.floats_per_block();
         for (const auto& [block, slot] : pairs)
             for (int l = 0; l < geo_.num_layers; ++l)
                 for (int kv = 0; kv < 2; ++kv)
-                    copy_to_host(swap_.data() + swap_slot_offset(geo_, slot, l, kv), cache_ptr(l, kv) + (size_t)block * n, n * sizeof(float));
+                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), true, copy_to_host);
     }
     void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
-        const size_t n = geo_.floats_per_block();
         for (const auto& [block, slot] : pairs)
             for (int l = 0; l < geo_.num_layers; ++l)
                 for (int kv = 0; kv < 2; ++kv)
-                    copy_to_device(cache_ptr(l, kv) + (size_t)block * n, swap_.data() + swap_slot_offset(geo_, slot, l, kv), n * sizeof(float));
+                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), false, copy_to_device);
     }
 
 private:
-    float* cache_ptr(int layer, int kv) const {
-        return (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * geo_.floats_per_layer();
+    // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
+    KVView view(int layer, int kv) const {
+        float* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_words(geo_);
+        float* sc = geo_.scales_per_block() ? (kv ? v_scale_.data() : k_scale_.data()) + (size_t)layer * geo_.num_blocks * geo_.scales_per_block()
+                                            : nullptr;
+        return KVView{geo_.dtype, data, sc, geo_.num_kv_heads, geo_.head_dim};
     }
 
     // The forward pass; leaves logits_ [num_logits, vocab] on the device.
@@ -341,14 +360,13 @@ private:
         const AttentionShape shape{c.n_heads, c.n_kv_heads, hd, geo_.block_size, b.max_blocks_per_seq};
         const int elt_blocks_d = (T * D + 255) / 256, elt_blocks_h = (T * H + 255) / 256;
         for (int l = 0; l < c.n_layers; ++l) {
-            float* kc = k_cache_.data() + (size_t)l * geo_.floats_per_layer();
-            float* vc = v_cache_.data() + (size_t)l * geo_.floats_per_layer();
+            const KVView kc = view(l, 0), vc = view(l, 1);
             launch(rmsnorm_kernel, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_att_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
             gemm(q_.data(), xb_.data(), wq_.data() + (size_t)l * D * D, T, D, D);
             gemm(k_.data(), xb_.data(), wk_.data() + (size_t)l * KV * D, T, D, KV);
             gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
             launch(rope_kernel, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
-            reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T, c.n_kv_heads, hd);
+            reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T);
             paged_attention(att_.data(), q_.data(), kc, vc, tables_.data(), token_seq_.data(), positions_.data(), T, shape);
             gemm(xb_.data(), att_.data(), wo_.data() + (size_t)l * D * D, T, D, D);
             launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
@@ -367,14 +385,15 @@ private:
     KVGeometry geo_;
     // Weights, llama2.c layout (see model.hpp for shapes).
     DeviceBuffer<float> emb_, rms_att_, wq_, wk_, wv_, wo_, rms_ffn_, w1_, w2_, w3_, rms_final_, wcls_;
-    DeviceBuffer<float> k_cache_, v_cache_;  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] each
+    DeviceBuffer<float> k_cache_, v_cache_;  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] each, of geo_.dtype
+    DeviceBuffer<float> k_scale_, v_scale_;  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
     // The batch: [T] each, block tables [num_seqs, max_blocks_per_seq], rope_cs [T, hd/2, 2].
     DeviceBuffer<int32_t> tokens_, positions_, token_seq_, tables_, logit_rows_, argmax_;
     DeviceBuffer<int64_t> slots_;
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
-    std::vector<float> swap_;  // host swap space [swap_blocks, num_layers, 2, block_size, n_kv_heads, head_dim]
+    std::vector<unsigned char> swap_;  // host swap space [swap_blocks, bytes_per_block]
 };
 
 enum class Device { kCpu, kEmulated, kCuda };

@@ -141,8 +141,10 @@ PKV_HD inline uint16_t float_to_half(float f) {
     if (absx >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0));  // inf, nan
     if (absx >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  // rounds above 65504: inf
     if (absx < 0x38800000u) {                                     // a half subnormal (or zero)
+        // The value in units of the smallest subnormal (2^-24) is
+        // mant24 * 2^(e - 126): shift right by 126 - e, rounding to even.
         const uint32_t mant = (absx & 0x7FFFFFu) | 0x800000u;
-        const int shift = 113 - (int)(absx >> 23);                // 14..24 (more: rounds to 0)
+        const int shift = 126 - (int)(absx >> 23);                // 14..24; more rounds to 0
         if (shift > 24) return (uint16_t)sign;
         const uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
         return (uint16_t)(sign | (half + (rem > mid || (rem == mid && (half & 1)))));

@@ -25,7 +25,22 @@
 //     `shared_memory<T>()` (sized by launch's shared_bytes), never a static
 //     `__shared__` array (which the emulation could not give each block);
 //   - no warp intrinsics (shuffles, votes): reductions go through shared memory
-//     with __syncthreads, so the shim has none to emulate.
+//     with __syncthreads, so the shim has none to emulate;
+//   - every thread of a block reaches every __syncthreads(). CUDA allows the
+//     barrier in conditional code only when the condition is the same for the
+//     whole block; here a thread that skips one leaves the others waiting
+//     forever, so the mistake shows up as a hang instead of as wrong numbers.
+//
+// Why a shim and not a second implementation: vLLM runs on CPUs through a
+// separate backend with kernels of its own. We want the opposite trade: one
+// kernel source, so that a test passing on a laptop has run the very index
+// math, tile loops and barriers that nvcc compiles. The price is speed -- in
+// chapter 10's overload run, emulation reached 0.00438x the tokens per second
+// of our plain CPU forward -- and blindness to everything listed above as not
+// modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
+//
+// Sections: 1. real CUDA (thin wrappers)  2. the emulation  3. DeviceBuffer,
+// the owning array both worlds share.
 #pragma once
 
 #include <cstddef>
@@ -50,9 +65,22 @@ namespace pkv {
 
 #ifdef __CUDACC__
 // ============================================================================
-// Real CUDA
+// 1. Real CUDA
 // ============================================================================
+//
+// Deliberately thin. We use the legacy default stream only, so every launch
+// and every copy runs in the order it was issued, and a cudaMemcpy to the host
+// returns only when the data is there: DeviceBuffer::download() is our one
+// synchronization point, and an engine step stays a plain sequence of calls.
+// A production engine overlaps work instead (vLLM replays a decode step's
+// launches as a CUDA graph and copies inputs asynchronously from pinned
+// memory); that changes when things happen, never what a kernel computes.
 
+// A kernel's errors arrive late. cudaGetLastError() right after a launch
+// catches a bad configuration (too many threads, too much shared memory); a
+// fault *inside* the kernel surfaces at the next synchronizing call, usually
+// the download. So "CUDA error in cudaMemcpy D2H" may well be a kernel's
+// fault: compute-sanitizer (tests/gpu_check.sh runs it) names the kernel.
 inline void cuda_check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
 }
@@ -69,12 +97,20 @@ inline bool device_available(std::string* why = nullptr) {
 }
 constexpr const char* kDeviceKind = "cuda";
 
+// Dynamic shared memory: every extern __shared__ array of a kernel names the
+// same bytes, as many as launch()'s shared_bytes, and the kernel carves them
+// up itself (paged_attention_kernel: query, K tile, V tile, scores). More
+// than 48 KiB per block needs an opt-in (cudaFuncSetAttribute); we never ask
+// for it, because attention_tile_keys (paged_kv.cuh) shrinks the tile instead.
 template <class T>
 __device__ inline T* shared_memory() {
     extern __shared__ unsigned char pkv_dynamic_smem[];
     return reinterpret_cast<T*>(pkv_dynamic_smem);
 }
 
+// An empty grid returns at once: CUDA rejects a zero-sized grid as an invalid
+// configuration, while for us a batch with nothing in it is normal
+// (test_kernels.cpp runs reshape_and_cache on 0 tokens).
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
@@ -82,6 +118,11 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
     cuda_check(cudaGetLastError(), "kernel launch");
 }
 
+// cudaMalloc and cudaFree cost far more than a launch and may synchronize the
+// device, so we allocate rarely: weights and the KV cache once at startup (as
+// vLLM sizes its whole cache once), scratch buffers only when a batch is the
+// largest yet (DeviceBuffer::reserve). Zero bytes become one, so even an empty
+// buffer has a real, distinct address, in both worlds.
 inline void* device_malloc(size_t bytes) {
     void* p = nullptr;
     cuda_check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
@@ -95,27 +136,41 @@ inline void copy_to_host(void* dst, const void* src, size_t bytes) {
     cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 inline void device_memset(void* dst, int value, size_t bytes) { cuda_check(cudaMemset(dst, value, bytes), "cudaMemset"); }
+// With one stream nothing needs this for correctness (see above); it is the
+// fence to put before reading a host-side clock around GPU work.
 inline void device_synchronize() { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 #else
 // ============================================================================
-// Emulated CUDA on the CPU
+// 2. Emulated CUDA on the CPU
 // ============================================================================
 
+// The CUDA keywords vanish: a __global__ kernel becomes an ordinary function,
+// a __device__ helper an ordinary inline one. That is all it takes for g++ to
+// compile kernel source; the rest of this section gives those functions the
+// world they expect: built-in indices, a barrier, shared memory, a launch.
 #define __global__
 #define __device__
 
+// CUDA's dim3, with its defaults of 1: dim3(T) is a one-dimensional grid of T.
+// It lives in namespace pkv (CUDA's is global), which is why test_kernels.cpp
+// spells it Dim3.
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-// The built-in variables, one copy per emulated thread.
+// The built-in variables, one copy per emulated thread. On a GPU they are
+// special registers; here they are thread_local globals that launch() sets in
+// each worker before it calls the kernel, so kernel code reads threadIdx.x
+// unchanged.
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace emu {
 // What runs once each time all threads of a block have reached the barrier at
 // the end of a block: refill shared memory with 0xFF bytes for the next block.
+// Four 0xFF bytes read as a float are a NaN and as an int32 are -1, so a value
+// or an index read from shared memory nobody wrote is poisoned either way.
 struct RefillShared {
     std::vector<unsigned char>* mem;
     void operator()() noexcept { std::memset(mem->data(), 0xFF, mem->size()); }
@@ -124,6 +179,10 @@ inline thread_local std::barrier<>* block_barrier = nullptr;  // this block's __
 inline thread_local unsigned char* block_shared = nullptr;    // this block's shared memory
 }  // namespace emu
 
+// All blockDim threads arrive before any leaves: CUDA's contract. The barrier
+// also orders memory: every write made before it is visible to every thread
+// after it, the other half of what __syncthreads() promises, and the half
+// ThreadSanitizer checks (chapter 10 deletes one barrier and gets its report).
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 
 template <class T>
@@ -139,7 +198,15 @@ namespace emu {
 // than most of our kernels, so worker i is created once, the first time a
 // launch needs a CUDA thread i, and then serves as thread i of every later
 // launch. Each worker waits on its own semaphore; a launch releases exactly the
-// workers it needs and waits until each has reported back.
+// workers it needs and waits until each has reported back. Semaphores and not
+// a condition variable because a launch of 32 threads should wake exactly
+// workers 0..31; the workers of an earlier, wider launch sleep on.
+// One launch at a time: job_ is a single pointer, so two host threads calling
+// launch() at once would race. Our engine launches only from the thread that
+// runs step().
+// Try it: `make debug`, run `build/debug/generate --device emulated` in gdb,
+// and `info threads` lists the workers: one OS thread per CUDA thread of the
+// widest block launched so far.
 class ThreadPool {
 public:
     ~ThreadPool() {
@@ -177,6 +244,7 @@ private:
     std::counting_semaphore<> done_{0};
     std::atomic<bool> stop_{false};
 };
+// Created by the first launch, joined when the program exits.
 inline ThreadPool& pool() {
     static ThreadPool p;
     return p;
@@ -188,10 +256,21 @@ inline ThreadPool& pool() {
 // at the end of every block, where shared memory is refilled with 0xFF bytes
 // (NaN as float) for the next block: a kernel that reads shared memory it never
 // wrote gets NaN, not a lucky leftover. Kernels without shared memory have no
-// cross-thread state, so their threads do not wait for each other at all.
+// cross-thread state, so their threads do not wait for each other at all: in
+// such a grid worker 0 may run several blocks ahead of worker 1. That is
+// harmless, and CUDA promises no order between blocks either.
+//
+// Two barriers: sync_bar is what the kernel's __syncthreads() waits on;
+// end_bar closes a block, and its completion step (the refill) runs exactly
+// once, in the last thread to arrive, before anyone starts the next block.
+// Thread tid of a block has x varying fastest, then y, then z: CUDA's linear
+// order. kernel(args...) copies the arguments into the kernel's by-value
+// parameters, one private copy per thread, as a GPU gives every thread the
+// launch's parameters.
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
     const unsigned nthreads = block.x * block.y * block.z;
+    // CUDA's limit on threads per block, checked here because nothing else would.
     if (nthreads == 0 || nthreads > 1024) throw std::invalid_argument("launch: block must have 1..1024 threads");
     const unsigned nblocks = grid.x * grid.y * grid.z;
     if (nblocks == 0) return;
@@ -213,6 +292,10 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
     emu::pool().run(nthreads, body);
 }
 
+// Device memory is host memory. A kernel reads it as on a GPU, but so could
+// the host, and a host-side read through a device pointer crashes on a GPU: a
+// bug emulation cannot show. Hence the rule in test_kernels.cpp that results
+// come back only through download().
 inline void* device_malloc(size_t bytes) { return ::operator new(bytes ? bytes : 1); }
 inline void device_free(void* p) { ::operator delete(p); }
 inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
@@ -223,10 +306,14 @@ inline void device_synchronize() {}
 #endif
 
 // ============================================================================
-// Device buffers (both worlds)
+// 3. Device buffers (both worlds)
 // ============================================================================
 
 // An owning array in device memory (host memory under emulation). Move-only.
+// Our own type rather than thrust::device_vector: nothing beyond the CUDA
+// runtime, the same type in both worlds, and no hidden copies (copying a
+// device_vector copies device memory; copying a DeviceBuffer does not compile).
+// The moved-from buffer is left empty, so its destructor frees nothing.
 template <class T>
 class DeviceBuffer {
 public:
@@ -245,6 +332,9 @@ public:
     size_t size() const { return n_; }
 
     // Grow (never shrink) to hold n elements; contents are not kept.
+    // GpuRunner calls it every step with that batch's sizes, so once the
+    // largest batch has been seen no step allocates; scratch is rewritten
+    // every step, so nothing is lost by not copying.
     void reserve(size_t n) {
         if (n > n_) *this = DeviceBuffer(n);
     }
@@ -253,6 +343,8 @@ public:
         copy_to_device(p_, src, n * sizeof(T));
     }
     void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+    // Sizes are in elements. Under CUDA, download waits for every kernel
+    // launched before it (one stream, section 1).
     void download(T* dst, size_t n) const { copy_to_host(dst, p_, n * sizeof(T)); }
 
 private:

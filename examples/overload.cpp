@@ -28,21 +28,17 @@
 
 #include "engine.hpp"
 #include "examples/cli.hpp"
+#include "examples/workload.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
 
-struct Options {
+// The engine and workload knobs live in study::Setup (examples/workload.hpp),
+// with this demo's defaults; we add what only this program has.
+struct Options : study::Setup {
     std::string checkpoint, tokenizer;
-    int num_blocks = 40, block_size = 16, requests = 24, max_num_seqs = 16, max_num_batched_tokens = 256;
-    int max_tokens = 96, prompt_len = 32, max_waiting = 0, max_model_len = 0;
-    bool prefix_caching = false, json = false, lanes = true;
-    pkv::Admission admission = pkv::Admission::kBet;
-    pkv::Victim victim = pkv::Victim::kNewest;
-    uint64_t seed = 1;
-    double temperature = 0.0;
-    double log_interval = 0.2;
-    pkv::Device device = pkv::Device::kCpu;
+    bool json = false, lanes = true;
+    Options() { log_interval = 0.2; }
 };
 
 void usage(FILE* out) {
@@ -123,51 +119,8 @@ Options parse(int argc, char** argv) {
     return o;
 }
 
-// Prompt i: BOS, then words drawn with a per-request seed, cut to exactly `len`
-// tokens. Works with any tokenizer; the words come from the built-in list.
-std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint64_t seed) {
-    uint64_t rng = seed;
-    std::string text;
-    std::vector<int> ids = tok.encode(text, true);
-    const int num_words = (int)(sizeof(pkv::kBuiltinWords) / sizeof(pkv::kBuiltinWords[0]));
-    while ((int)ids.size() < len) {
-        text += (text.empty() ? "" : " ") + std::string(pkv::kBuiltinWords[pkv::splitmix64(rng) % num_words]);
-        ids = tok.encode(text, true);
-    }
-    ids.resize(len);
-    return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
-pkv::EngineConfig engine_config(const Options& opt, pkv::Device device) {
-    pkv::EngineConfig ec;
-    ec.num_blocks = opt.num_blocks;
-    ec.block_size = opt.block_size;
-    ec.enable_prefix_caching = opt.prefix_caching;
-    ec.sched.max_num_seqs = opt.max_num_seqs;
-    ec.sched.max_num_batched_tokens = opt.max_num_batched_tokens;
-    ec.sched.max_model_len = opt.max_model_len;
-    ec.sched.admission = opt.admission;
-    ec.sched.max_waiting = opt.max_waiting;
-    ec.sched.victim = opt.victim;
-    ec.log_interval_s = opt.log_interval;
-    ec.device = device;
-    return ec;
-}
-
-// All requests arrive at once; returns their prompts.
-std::vector<std::vector<int32_t>> add_workload(pkv::Engine& eng, const pkv::Tokenizer& tok, const Options& opt) {
-    pkv::SamplingParams sp;
-    sp.max_tokens = opt.max_tokens;
-    sp.temperature = (float)opt.temperature;
-    sp.ignore_eos = true;  // every request generates exactly max_tokens: a fixed amount of work
-    std::vector<std::vector<int32_t>> prompts(opt.requests);
-    for (int i = 0; i < opt.requests; ++i) {
-        prompts[i] = make_prompt(tok, opt.prompt_len, opt.seed * 1000003 + i);
-        sp.seed = opt.seed * 7919 + i;
-        eng.add_request(prompts[i], sp);
-    }
-    return prompts;
-}
+using study::add_workload;
+using study::engine_config;
 
 std::string json_escape(const std::string& s) {
     std::string o;

@@ -23,18 +23,11 @@
 // shapes are small; the suite also runs under ASan and TSan.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <initializer_list>
-#include <limits>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -50,7 +43,11 @@
 #include "tiny_model/sampler.hpp"
 #include "tiny_model/tokenizer.hpp"
 
+#include "tests/test_util.hpp"
+
 namespace {
+
+using namespace pkv_test;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -77,25 +74,6 @@ pkv::Device kernel_device() {
     return std::string(pkv::kDeviceKind) == "cuda" ? pkv::Device::kCuda : pkv::Device::kEmulated;
 }
 
-// splitmix64: the same numbers on every compiler and standard library.
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * ((float)(next() >> 40) * (1.0f / 16777216.0f)); }
-    int below(int n) { return (int)(next() % (uint64_t)n); }
-};
-
-template <class T>
-void shuffle(std::vector<T>& v, Rng& rng) {
-    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[(size_t)rng.below((int)i)]);
-}
-
 std::vector<float> random_floats(Rng& rng, size_t n, float lo, float hi) {
     std::vector<float> v(n);
     for (float& x : v) x = rng.uniform(lo, hi);
@@ -115,18 +93,6 @@ std::vector<T> to_host(const pkv::DeviceBuffer<T>& b, size_t n) {
     b.download(v.data(), n);
     return v;
 }
-
-// Index of the first element whose bits differ, or -1 (sizes must match).
-template <class T>
-long first_bit_difference(const std::vector<T>& a, const std::vector<T>& b) {
-    if (a.size() != b.size()) return 0;
-    for (size_t i = 0; i < a.size(); ++i)
-        if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return (long)i;
-    return -1;
-}
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // ---------------------------------------------------------------------------
 // Paged attention problems
@@ -225,53 +191,8 @@ std::vector<float> run_paged_attention_kernel(const AttnProblem& p) {
 // Model runners
 // ---------------------------------------------------------------------------
 
-// A small random model: head_dim 8, GQA 3, hidden not a multiple of 8 or 32.
-pkv::Model small_random_model(uint64_t seed) {
-    pkv::Config c;
-    c.dim = 48;
-    c.hidden_dim = 100;
-    c.n_layers = 2;
-    c.n_heads = 6;
-    c.n_kv_heads = 2;
-    c.vocab_size = 300;
-    c.seq_len = 128;
-    c.shared_classifier = false;
-    return pkv::make_random_model(c, seed);
-}
-
-// One sequence being generated: its tokens so far and its block table.
-struct Seq {
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> table;
-    int computed = 0;  // tokens whose K/V are in the cache
-};
-
-// Block ids handed out in a shuffled order, so tables are scattered.
-struct BlockSource {
-    std::vector<int32_t> ids;
-    size_t next = 0;
-    BlockSource(int num_blocks, Rng& rng) : ids((size_t)num_blocks) {
-        std::iota(ids.begin(), ids.end(), 0);
-        shuffle(ids, rng);
-    }
-    void grow(Seq& s, int num_tokens, int block_size) {
-        while ((int)s.table.size() < pkv::blocks_for_tokens(num_tokens, block_size)) s.table.push_back(ids.at(next++));
-    }
-};
-
-// Append tokens computed..computed+n-1 of `s` to the batch, logits wanted for
-// the last; grows the table first.
-void add_chunk(pkv::ForwardBatch& b, Seq& s, int n, BlockSource& src, int block_size) {
-    src.grow(s, s.computed + n, block_size);
-    b.add_sequence(s.table, block_size, s.tokens.data() + s.computed, s.computed, n, true);
-    s.computed += n;
-}
-
-std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab) {
-    std::vector<int32_t> t((size_t)n);
-    for (int32_t& x : t) x = rng.below(vocab);
-    return t;
-}
+// The small awkward model (test_util.hpp) with its own classifier.
+pkv::Model small_random_model(uint64_t seed) { return pkv::make_random_model(small_config(false), seed); }
 
 // Runs the same batches through a CpuRunner and the kernel runner: sequence A
 // prefills 20 tokens and B 6 in one batch, then both decode `decode_steps`
@@ -287,7 +208,7 @@ void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int dec
     const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
     auto cpu = pkv::make_model_runner(pkv::Device::kCpu, m, geo);
     auto gpu = pkv::make_model_runner(kernel_device(), m, geo);
-    BlockSource src(num_blocks, rng);
+    pkv::BlockPool pool = shuffled_pool(num_blocks, block_size, rng);
     std::vector<Seq> seqs(3);
     seqs[0].tokens = random_tokens(rng, 20, c.vocab_size);
     seqs[1].tokens = random_tokens(rng, 6, c.vocab_size);
@@ -298,22 +219,22 @@ void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int dec
         pkv::ForwardBatch b;
         std::vector<int> rows;  // sequence of each logits row
         if (step == 0) {
-            add_chunk(b, seqs[0], 20, src, block_size);
-            add_chunk(b, seqs[1], 6, src, block_size);
+            add_chunk(b, pool, seqs[0], 20);
+            add_chunk(b, pool, seqs[1], 6);
             rows = {0, 1};
         } else {
             // Decodes of B then A (a different order than the prefill), and C's
             // prefill between them on step 3, then C decodes too.
-            add_chunk(b, seqs[1], 1, src, block_size);
+            add_chunk(b, pool, seqs[1], 1);
             rows.push_back(1);
             if (step == 3) {
-                add_chunk(b, seqs[2], 5, src, block_size);
+                add_chunk(b, pool, seqs[2], 5);
                 rows.push_back(2);
             } else if (step > 3) {
-                add_chunk(b, seqs[2], 1, src, block_size);
+                add_chunk(b, pool, seqs[2], 1);
                 rows.push_back(2);
             }
-            add_chunk(b, seqs[0], 1, src, block_size);
+            add_chunk(b, pool, seqs[0], 1);
             rows.push_back(0);
         }
         std::vector<float> lc, lg;
@@ -374,38 +295,6 @@ void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int dec
                                           << " near ties skipped");
 }
 
-// ---------------------------------------------------------------------------
-// Processes
-// ---------------------------------------------------------------------------
-
-std::string models_dir() {
-    const char* env = std::getenv("PAGEDKV_MODELS");
-    return env && *env ? std::string(env) : std::string("../shared/models");
-}
-
-bool is_file(const std::string& p) {
-    std::error_code ec;
-    return std::filesystem::is_regular_file(p, ec);
-}
-
-std::string shell_quote(const std::string& s) {
-    std::string q = "'";
-    for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-    return q + "'";
-}
-
-// Runs a shell command; returns its stdout and exit status (-1 if it died).
-std::pair<std::string, int> run_command(const std::string& cmd) {
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return {"", -1};
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int status = ::pclose(p);
-    return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
-}
-
 }  // namespace
 
 TEST_SUITE("kernels") {
@@ -460,11 +349,11 @@ TEST_CASE("reshape_and_cache writes each token's K/V at its slot and skips negat
         auto dk = to_device(k), dv = to_device(v), dkc = to_device(kc), dvc = to_device(vc);
         auto dslots = to_device(slots);
         pkv::reshape_and_cache(dk.data(), dv.data(), dkc.data(), dvc.data(), dslots.data(), T, nkv, hd);
-        CHECK(first_bit_difference(to_host(dkc, cache_floats), want_k) == -1);
-        CHECK(first_bit_difference(to_host(dvc, cache_floats), want_v) == -1);
+        CHECK(first_bit_diff(to_host(dkc, cache_floats), want_k) == -1);
+        CHECK(first_bit_diff(to_host(dvc, cache_floats), want_v) == -1);
         // A batch of no tokens launches nothing and changes nothing.
         pkv::reshape_and_cache(dk.data(), dv.data(), dkc.data(), dvc.data(), dslots.data(), 0, nkv, hd);
-        CHECK(first_bit_difference(to_host(dkc, cache_floats), want_k) == -1);
+        CHECK(first_bit_diff(to_host(dkc, cache_floats), want_k) == -1);
     }
 }
 
@@ -594,7 +483,7 @@ TEST_CASE("gemm is bit-identical to matmul") {
         pkv::gemm(dout.data(), dx.data(), dW.data(), T, n, d);
         // Exact under emulation (same C++ operations in the same order) and on
         // a GPU built with --fmad=false (IEEE adds and multiplies, no fusing).
-        const long diff = first_bit_difference(to_host(dout, want.size()), want);
+        const long diff = first_bit_diff(to_host(dout, want.size()), want);
         CHECK(diff == -1);
         for (int t = 0; t < T; ++t)
             for (int o = 0; o < d; ++o) {
@@ -626,7 +515,7 @@ TEST_CASE("rmsnorm_kernel is bit-identical to rmsnorm") {
         pkv::DeviceBuffer<float> dout((size_t)R * dim);
         pkv::launch(pkv::rmsnorm_kernel, Dim3(R), Dim3(128), 0, dout.data(), (const float*)dx.data(),
                     (const float*)dw.data(), (const int32_t*)nullptr, dim);
-        CHECK(first_bit_difference(to_host(dout, want.size()), want) == -1);
+        CHECK(first_bit_diff(to_host(dout, want.size()), want) == -1);
         // Rows by index: repeated, out of order, a subset.
         const std::vector<int32_t> rows = {3, 0, 3, 4};
         const int NR = (int)rows.size();
@@ -636,7 +525,7 @@ TEST_CASE("rmsnorm_kernel is bit-identical to rmsnorm") {
         pkv::DeviceBuffer<float> dout_rows((size_t)NR * dim);
         pkv::launch(pkv::rmsnorm_kernel, Dim3(NR), Dim3(128), 0, dout_rows.data(), (const float*)dx.data(),
                     (const float*)dw.data(), (const int32_t*)drows.data(), dim);
-        CHECK(first_bit_difference(to_host(dout_rows, want_rows.size()), want_rows) == -1);
+        CHECK(first_bit_diff(to_host(dout_rows, want_rows.size()), want_rows) == -1);
     }
 }
 
@@ -655,7 +544,7 @@ TEST_CASE("embedding_kernel copies the token rows") {
     pkv::DeviceBuffer<float> dx((size_t)T * dim);
     pkv::launch(pkv::embedding_kernel, Dim3(T), Dim3(128), 0, dx.data(), (const float*)demb.data(),
                 (const int32_t*)dtok.data(), dim);
-    CHECK(first_bit_difference(to_host(dx, want.size()), want) == -1);
+    CHECK(first_bit_diff(to_host(dx, want.size()), want) == -1);
 }
 
 // Proves rope_kernel, fed the (cos, sin) table GpuRunner builds with rope_cos_sin, rotates q and k bit-identically to rope() at each token's position, for head dims 4/8/16/64 and GQA shapes (pairs beyond 128 threads included).
@@ -685,9 +574,9 @@ TEST_CASE("rope_kernel is bit-identical to rope") {
         }
         auto dq = to_device(q), dk = to_device(k), dcs = to_device(cs);
         pkv::launch(pkv::rope_kernel, Dim3(T), Dim3(128), 0, dq.data(), dk.data(), (const float*)dcs.data(), q_dim, k_dim, hd);
-        CHECK(first_bit_difference(to_host(dq, want_q.size()), want_q) == -1);
-        CHECK(first_bit_difference(to_host(dk, want_k.size()), want_k) == -1);
-        CHECK(first_bit_difference(q, want_q) != -1);  // the rotation did something
+        CHECK(first_bit_diff(to_host(dq, want_q.size()), want_q) == -1);
+        CHECK(first_bit_diff(to_host(dk, want_k.size()), want_k) == -1);
+        CHECK(first_bit_diff(q, want_q) != -1);  // the rotation did something
     }
 }
 
@@ -708,7 +597,7 @@ TEST_CASE("add_kernel and swiglu_kernel match the CPU") {
         for (int i = 0; i < n; ++i) want_add[(size_t)i] = x[(size_t)i] + y[(size_t)i];
         auto dx = to_device(x), dy = to_device(y);
         pkv::launch(pkv::add_kernel, Dim3(blocks), Dim3(256), 0, dx.data(), (const float*)dy.data(), n);
-        CHECK(first_bit_difference(to_host(dx, (size_t)n), want_add) == -1);
+        CHECK(first_bit_diff(to_host(dx, (size_t)n), want_add) == -1);
         // swiglu: exactly CpuForward's loop.
         std::vector<float> want((size_t)n);
         for (int i = 0; i < n; ++i) {
@@ -728,7 +617,7 @@ TEST_CASE("add_kernel and swiglu_kernel match the CPU") {
         CHECK(bad == 0);
 #else
         // Emulated, the kernel calls the very same glibc expf.
-        CHECK(first_bit_difference(got, want) == -1);
+        CHECK(first_bit_diff(got, want) == -1);
 #endif
     }
 }
@@ -881,26 +770,26 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
 
     {  // (a) prefill 0..11, then decode 12 and 13 alone. Block size 4.
         auto r = make(4, 8);
-        BlockSource src(8, rng);
+        pkv::BlockPool pool = shuffled_pool(8, 4, rng);
         Seq s{S, {}, 0};
         std::vector<float> logits;
         pkv::ForwardBatch b0;
-        add_chunk(b0, s, 12, src, 4);
+        add_chunk(b0, pool, s, 12);
         r->forward(b0, logits);
         alone.push_back(row(logits, 0));
         for (int i = 0; i < 2; ++i) {
             pkv::ForwardBatch b;
-            add_chunk(b, s, 1, src, 4);
+            add_chunk(b, pool, s, 1);
             r->forward(b, logits);
             alone.push_back(row(logits, 0));
         }
     }
     {  // (b) one prefill of all 14 tokens, logits for positions 11, 12, 13. Block size 1.
         auto r = make(1, 20);
-        BlockSource src(20, rng);
+        pkv::BlockPool pool = shuffled_pool(20, 1, rng);
         Seq s{S, {}, 0};
         pkv::ForwardBatch b;
-        add_chunk(b, s, 14, src, 1);
+        add_chunk(b, pool, s, 14);
         b.logits_indices = {11, 12, 13};
         std::vector<float> logits;
         r->forward(b, logits);
@@ -908,38 +797,38 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
     }
     {  // (c) S chunked 0..6 | 7..12 | 13, each chunk beside other sequences. Block size 16.
         auto r = make(16, 6);
-        BlockSource src(6, rng);
+        pkv::BlockPool pool = shuffled_pool(6, 16, rng);
         Seq s{S, {}, 0}, x{X, {}, 0}, y{Y, {}, 0};
         std::vector<float> logits;
         pkv::ForwardBatch b1;  // X prefill, S's first chunk, Y prefill
-        add_chunk(b1, x, 9, src, 16);
-        add_chunk(b1, s, 7, src, 16);
-        add_chunk(b1, y, 3, src, 16);
+        add_chunk(b1, pool, x, 9);
+        add_chunk(b1, pool, s, 7);
+        add_chunk(b1, pool, y, 3);
         r->forward(b1, logits);
         pkv::ForwardBatch b2;  // Y decode, S's second chunk (logits at 11 and 12), X decode
-        add_chunk(b2, y, 1, src, 16);
+        add_chunk(b2, pool, y, 1);
         const int s_first = b2.num_tokens();
-        add_chunk(b2, s, 6, src, 16);
-        add_chunk(b2, x, 1, src, 16);
+        add_chunk(b2, pool, s, 6);
+        add_chunk(b2, pool, x, 1);
         // Rows: Y, S@11, S@12, X.
         b2.logits_indices = {b2.logits_indices[0], s_first + 4, s_first + 5, b2.logits_indices[2]};
         r->forward(b2, logits);
         mixed.push_back(row(logits, 1));
         mixed.push_back(row(logits, 2));
         pkv::ForwardBatch b3;  // X and Y decodes around S's decode of 13, Y's a 2-token chunk
-        add_chunk(b3, x, 1, src, 16);
-        add_chunk(b3, y, 2, src, 16);
-        add_chunk(b3, s, 1, src, 16);
+        add_chunk(b3, pool, x, 1);
+        add_chunk(b3, pool, y, 2);
+        add_chunk(b3, pool, s, 1);
         r->forward(b3, logits);
         mixed.push_back(row(logits, 2));
     }
     for (int i = 0; i < 3; ++i) {
         INFO("S position " << 11 + i);
-        CHECK(first_bit_difference(alone[(size_t)i], one_prefill[(size_t)i]) == -1);
-        CHECK(first_bit_difference(alone[(size_t)i], mixed[(size_t)i]) == -1);
+        CHECK(first_bit_diff(alone[(size_t)i], one_prefill[(size_t)i]) == -1);
+        CHECK(first_bit_diff(alone[(size_t)i], mixed[(size_t)i]) == -1);
     }
     // The three positions' logits are different from each other: the rows are real.
-    CHECK(first_bit_difference(alone[0], alone[1]) != -1);
+    CHECK(first_bit_diff(alone[0], alone[1]) != -1);
 }
 
 // ===========================================================================
@@ -951,7 +840,7 @@ TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
     if (no_device()) return;
     const bool is_cuda = kernel_device() == pkv::Device::kCuda;
     const std::string exe = is_cuda ? "./build/cuda/generate" : "./build/generate";
-    if (!is_file(exe)) {
+    if (!file_exists(exe)) {
         MESSAGE("skipped: " << exe << " not built (run from the repo root after `make" << (is_cuda ? " cuda" : "") << "`)");
         return;
     }
@@ -961,7 +850,7 @@ TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
     std::vector<Run> runs = {{"built-in", "-t 0 -n 24 -i 'once upon a time'"}};
     const std::string dir = models_dir();
     const std::string ckpt = dir + "/stories260K.bin", tok = dir + "/tok512.bin";
-    if (is_file(ckpt) && is_file(tok))
+    if (file_exists(ckpt) && file_exists(tok))
         runs.push_back({"stories260K", shell_quote(ckpt) + " -z " + shell_quote(tok) + " -t 0 -n 24 -i 'Once upon a time'"});
     else
         MESSAGE("stories260K part skipped: stories260K.bin or tok512.bin not found in " << dir << " (set PAGEDKV_MODELS)");

@@ -14,7 +14,6 @@
 // PAGEDKV_MODELS=dir); the tests that need them skip with a MESSAGE otherwise.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -45,7 +42,11 @@
 #include "tiny_model/sampler.hpp"
 #include "tiny_model/tokenizer.hpp"
 
+#include "tests/test_util.hpp"
+
 namespace {
+
+using namespace pkv_test;
 
 namespace fs = std::filesystem;
 
@@ -92,16 +93,6 @@ void append_pod(std::string& s, T v) {
     s.append(buf, sizeof(T));
 }
 
-std::string models_dir() {
-    const char* env = std::getenv("PAGEDKV_MODELS");
-    return env && *env ? std::string(env) : std::string("../shared/models");
-}
-
-bool exists(const std::string& p) {
-    std::error_code ec;
-    return fs::is_regular_file(p, ec);
-}
-
 // Calls f and checks that it throws pkv::FileError whose message names `path`
 // and contains `problem`.
 void check_file_error(const std::function<void()>& f, const std::string& path, const std::string& problem) {
@@ -119,24 +110,6 @@ void check_file_error(const std::function<void()>& f, const std::string& path, c
         FAIL_CHECK("threw something other than FileError: " << e.what());
     }
     CHECK_MESSAGE(threw, "nothing was thrown");
-}
-
-// ---------------------------------------------------------------------------
-// Randomness for test inputs (splitmix64: the same on every platform)
-// ---------------------------------------------------------------------------
-
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() { return pkv::splitmix64(s); }
-    int below(int n) { return (int)(next() % (uint64_t)n); }
-};
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
-    Rng r(seed);
-    std::vector<int32_t> t((size_t)n);
-    for (auto& x : t) x = r.below(vocab);
-    return t;
 }
 
 // ---------------------------------------------------------------------------
@@ -249,56 +222,15 @@ struct ContiguousRef {
     }
 };
 
-// Index of the first float whose bits differ, or -1 when a and b are identical.
-long first_bit_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return 0;
-    for (size_t i = 0; i < a.size(); ++i)
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return (long)i;
-    return -1;
-}
-
 // ---------------------------------------------------------------------------
 // Paged helpers
 // ---------------------------------------------------------------------------
-
-// A pool whose free list is a random permutation of its blocks, so tables
-// allocated from it are scattered over the cache.
-pkv::BlockPool shuffled_pool(int num_blocks, int block_size, uint64_t seed) {
-    pkv::BlockPool pool(num_blocks, block_size, /*enable_prefix_caching=*/false);
-    std::vector<int32_t> all;
-    REQUIRE(pool.allocate(num_blocks, all));
-    Rng r(seed);
-    for (int i = num_blocks - 1; i > 0; --i) std::swap(all[(size_t)i], all[(size_t)r.below(i + 1)]);
-    pool.release(all);
-    return pool;
-}
 
 pkv::KVCache nan_cache(const pkv::Config& c, int num_blocks, int block_size) {
     pkv::KVCache cache(pkv::KVGeometry{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()});
     std::fill(cache.k.begin(), cache.k.end(), NAN);
     std::fill(cache.v.begin(), cache.v.end(), NAN);
     return cache;
-}
-
-// One sequence being fed through the paged forward, chunk by chunk.
-struct Seq {
-    std::vector<int32_t> tokens;
-    pkv::BlockTable table;
-    int done = 0;  // tokens already placed in some batch
-};
-
-// Adds the next n tokens of s to batch b (growing its table from pool).
-// all_logits: a logits row for every one of them, else for the last only.
-// Returns the logits row of the first requested one.
-int add_chunk(pkv::ForwardBatch& b, pkv::BlockPool& pool, Seq& s, int n, bool all_logits) {
-    REQUIRE(s.done + n <= (int)s.tokens.size());
-    REQUIRE(pkv::allocate_slots(pool, s.table, {}, s.done + n));
-    const int first_row = (int)b.logits_indices.size();
-    b.add_sequence(s.table.blocks, pool.block_size(), s.tokens.data() + s.done, s.done, n, !all_logits);
-    if (all_logits)
-        for (int i = 0; i < n; ++i) b.logits_indices.push_back(b.num_tokens() - n + i);
-    s.done += n;
-    return first_row;
 }
 
 // Logits at every position of `tokens` through the paged forward: a prefill of
@@ -341,23 +273,6 @@ std::vector<float> reference_logits(const pkv::Model& m, const std::vector<int32
         std::copy(l.begin(), l.end(), all.begin() + p * V);
     }
     return all;
-}
-
-pkv::Config small_config(bool shared) {
-    pkv::Config c;
-    c.dim = 48;
-    c.hidden_dim = 100;
-    c.n_layers = 2;
-    c.n_heads = 6;
-    c.n_kv_heads = 2;
-    c.vocab_size = 300;
-    c.seq_len = 128;
-    c.shared_classifier = shared;
-    return c;
-}
-
-bool all_finite(const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
 }
 
 // Greedy continuation of `prompt` through the paged forward: the prompt is
@@ -410,22 +325,17 @@ std::string expected_roundtrip(const pkv::Tokenizer& tok, const std::string& tex
     return out;
 }
 
-std::string shell_quote(const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-}
-
-// Runs a command, returns its stdout and exit status.
-std::pair<std::string, int> run_command(const std::string& cmd) {
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    REQUIRE(p != nullptr);
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int status = ::pclose(p);
-    return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+// decode(encode(s)) == expected_roundtrip(s) for 300 random strings of 1..24
+// bytes, a quarter of them arbitrary (0..255) and the rest printable ASCII.
+void check_random_roundtrips(const pkv::Tokenizer& tok, uint64_t seed) {
+    Rng r(seed);
+    for (int i = 0; i < 300; ++i) {
+        std::string s;
+        const int len = 1 + r.below(24);
+        for (int j = 0; j < len; ++j) s += (char)(r.below(4) == 0 ? r.below(256) : 32 + r.below(95));
+        INFO("random text #" << i);
+        CHECK(tok.decode(tok.encode(s)) == expected_roundtrip(tok, s));
+    }
 }
 
 }  // namespace
@@ -490,7 +400,7 @@ TEST_CASE("paged forward matches a contiguous run.c forward on small random mode
         std::vector<int32_t> perm((size_t)num_blocks);
         for (int i = 0; i < num_blocks; ++i) perm[(size_t)i] = i;
         Rng r(5);
-        for (int i = num_blocks - 1; i > 0; --i) std::swap(perm[(size_t)i], perm[(size_t)r.below(i + 1)]);
+        shuffle(perm, r);
         perm.resize((size_t)need);
         pkv::KVCache cache = nan_cache(c, num_blocks, bs);
         pkv::CpuForward fwd(m, cache);
@@ -675,15 +585,7 @@ TEST_CASE("save_checkpoint refuses inconsistent models") {
 
 // Proves every malformed checkpoint (missing, empty, truncated header or data, trailing bytes, bad or absurd header sizes) throws FileError naming the file and the problem, without allocating for absurd headers.
 TEST_CASE("corrupt checkpoints throw FileError naming the file and the problem") {
-    pkv::Config c;
-    c.dim = 8;
-    c.hidden_dim = 12;
-    c.n_layers = 1;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.vocab_size = 5;
-    c.seq_len = 4;
-    c.shared_classifier = false;
+    const pkv::Config c = config_of(8, 12, 1, 2, 1, 5, 4, false);  // its header is `ok` below
     TempFile good("good.bin");
     pkv::save_checkpoint(good.str(), pkv::make_random_model(c, 2));
     const std::string valid = read_bytes(good.str());
@@ -897,22 +799,14 @@ TEST_CASE("built-in tokenizer encodes words whole and round trips") {
     CHECK(tok.decode(tok.encode(utf8)) == "caf  ");
     CHECK(tok.decode(tok.encode("\x01x\x7fy")) == "xy");  // control bytes print nothing
 
-    // Arbitrary bytes, against the rule written out independently.
-    Rng r(17);
-    for (int i = 0; i < 300; ++i) {
-        std::string s;
-        const int len = 1 + r.below(24);
-        for (int j = 0; j < len; ++j) s += (char)(r.below(4) == 0 ? r.below(256) : 32 + r.below(95));
-        INFO("random text #" << i);
-        CHECK(tok.decode(tok.encode(s)) == expected_roundtrip(tok, s));
-    }
+    check_random_roundtrips(tok, 17);
     CHECK(expected_roundtrip(tok, utf8) == "caf  ");
 }
 
 // Proves llama2.c's tok512.bin loads and round trips (multi-byte pieces like "é" and "–" survive, other non-ASCII is dropped), skipping when the file is absent.
 TEST_CASE("tok512.bin round trips") {
     const std::string path = models_dir() + "/tok512.bin";
-    if (!exists(path)) {
+    if (!file_exists(path)) {
         MESSAGE("skipped: " << path << " not found (set PAGEDKV_MODELS to the folder holding tok512.bin)");
         return;
     }
@@ -934,14 +828,7 @@ TEST_CASE("tok512.bin round trips") {
     const std::string utf8 = "caf\xc3\xa9 \xe2\x80\x93 \xe6\x97\xa5\xe6\x9c\xac";  // "café – 日本"
     CHECK(tok.lookup("\xc3\xa9") >= 0);
     CHECK(tok.decode(tok.encode(utf8)) == "caf\xc3\xa9 \xe2\x80\x93 ");
-    Rng r(23);
-    for (int i = 0; i < 300; ++i) {
-        std::string s;
-        const int len = 1 + r.below(24);
-        for (int j = 0; j < len; ++j) s += (char)(r.below(4) == 0 ? r.below(256) : 32 + r.below(95));
-        INFO("random text #" << i);
-        CHECK(tok.decode(tok.encode(s)) == expected_roundtrip(tok, s));
-    }
+    check_random_roundtrips(tok, 23);
 }
 
 // ===========================================================================
@@ -953,13 +840,13 @@ TEST_CASE("stories260K through build/generate matches llama2.c") {
     const std::string dir = models_dir();
     const std::string ckpt = dir + "/stories260K.bin", tok = dir + "/tok512.bin",
                       expected_path = dir + "/stories260K.once_upon_a_time.n100.txt";
-    if (!exists(ckpt) || !exists(tok) || !exists(expected_path)) {
+    if (!file_exists(ckpt) || !file_exists(tok) || !file_exists(expected_path)) {
         MESSAGE("skipped: stories260K.bin, tok512.bin or stories260K.once_upon_a_time.n100.txt not found in " << dir
                                                                                                          << " (set PAGEDKV_MODELS)");
         return;
     }
     const std::string exe = "./build/generate";
-    if (!exists(exe)) {
+    if (!file_exists(exe)) {
         MESSAGE("skipped: " << exe << " not built (run from the repo root; `make test` builds it)");
         return;
     }
@@ -980,7 +867,7 @@ TEST_CASE("stories260K in process matches llama2.c") {
     const std::string dir = models_dir();
     const std::string ckpt = dir + "/stories260K.bin", tok_path = dir + "/tok512.bin",
                       expected_path = dir + "/stories260K.once_upon_a_time.n100.txt";
-    if (!exists(ckpt) || !exists(tok_path) || !exists(expected_path)) {
+    if (!file_exists(ckpt) || !file_exists(tok_path) || !file_exists(expected_path)) {
         MESSAGE("skipped: stories260K files not found in " << dir << " (set PAGEDKV_MODELS)");
         return;
     }

@@ -11,13 +11,16 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "tests/test_util.hpp"
+
 using namespace pkv;
+using pkv_test::all_finite;
+using pkv_test::kNaN;
 
 // Print block-id lists in failure messages instead of "{?}".
 namespace doctest {
@@ -788,8 +791,6 @@ TEST_CASE("random schedule keeps invariants and hits only identical prefixes") {
 
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // One test batch: a paged cache whose unused slots are NaN, the same K/V as
 // contiguous per-sequence arrays, and a flat batch of query tokens.
 struct AttnBatch {
@@ -916,10 +917,6 @@ std::vector<float> run_paged(const AttnBatch& b) {
     paged_attention_ref(out.data(), b.q.data(), b.k_cache.data(), b.v_cache.data(), b.block_tables.data(),
                         b.token_seq.data(), b.positions.data(), b.num_tokens(), b.s);
     return out;
-}
-
-bool all_finite(const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 //   - preemption picks the newest running request first, victims go to the
 //     front of the waiting queue, a request may preempt itself, and nothing is
 //     admitted in a step that preempted;
+//   - with Victim::kOldest the oldest goes first, and a victim already
+//     scheduled in the step leaves it again, its tokens back in the budget;
 //   - requests that can never run are rejected at add_request with a reason;
 //   - chunked prefill stays inside the token budget;
 //   - abort frees every block from every state;
@@ -30,23 +32,16 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.hpp"
+
 using namespace pkv;
+using namespace pkv_test;
 
 namespace {
 
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-
-// Deterministic on every platform (std:: distributions are not).
-struct Rng {
-    uint64_t state;
-    explicit Rng(uint64_t seed) : state(seed) {}
-    int uniform(int lo, int hi) { return lo + (int)(splitmix64(state) % (uint64_t)(hi - lo + 1)); }  // [lo, hi]
-    bool chance(double p) { return (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0) < p; }
-    template <class T>
-    const T& pick(const std::vector<T>& v) { return v[(size_t)uniform(0, (int)v.size() - 1)]; }
-};
 
 // Requests named by letter in the order they were added: id 0 = A, 1 = B, ...
 std::string names(const std::vector<Request*>& v) {
@@ -67,11 +62,12 @@ std::string join(const std::vector<int>& v) {
     return s;
 }
 
-std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab = 40) {
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = rng.uniform(3, vocab - 1);  // 0..2 are special in llama2.c vocabularies
-    return t;
-}
+// The engine tests' model (tiny_model() below) has 40 tokens.
+constexpr int kTinyVocab = 40;
+
+// A prompt for tiny_model(): ids 3..39, never one of the special ids 0..2
+// (<unk>, BOS, EOS in llama2.c vocabularies).
+std::vector<int32_t> random_prompt(Rng& rng, int n) { return random_tokens(rng, n, kTinyVocab, 3); }
 
 std::string invariants(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
 
@@ -105,20 +101,38 @@ void simulate_step(Scheduler& s, const SchedulerOutput& out, int32_t token = 7, 
     }
 }
 
-// The engine tests' model: tiny, so hundreds of runs take seconds.
+// Completes `out` and then schedules and completes step after step until
+// nothing is unfinished, checking the pool after every step. Returns the
+// outputs of those later steps, in order.
+std::vector<SchedulerOutput> run_to_end(Scheduler& s, const BlockPool& pool, SchedulerOutput out, int max_steps) {
+    std::vector<SchedulerOutput> steps;
+    for (int guard = 0; s.has_unfinished(); ++guard) {
+        REQUIRE(guard < max_steps);
+        simulate_step(s, out);
+        out = s.schedule();
+        REQUIRE(invariants(s, pool) == "");
+        steps.push_back(out);
+    }
+    return steps;
+}
+
+// The "several victims" setup, on a pool of 5 blocks of one token: A {10, 11}
+// and B {12, 13} take 2 blocks each, C {14} the last one, D {15} waits. Runs
+// and completes that first step.
+void run_first_step_of_abcd(Scheduler& s, const BlockPool& pool) {
+    for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{10, 11}, {12, 13}, {14}, {15}})
+        s.add_request(prompt, max_tokens(3), 0);
+    const SchedulerOutput out = s.schedule();
+    CHECK(names(out.scheduled) == "ABC");
+    CHECK(names(s.waiting()) == "D");
+    CHECK(pool.num_free_blocks() == 0);
+    simulate_step(s, out);
+}
+
+// The engine tests' model: tiny, so hundreds of runs take seconds. dim 16,
+// hidden 32, 1 layer, 2 query heads over 1 kv head, context 256.
 const Model& tiny_model() {
-    static const Model m = [] {
-        Config c;
-        c.dim = 16;
-        c.hidden_dim = 32;
-        c.n_layers = 1;
-        c.n_heads = 2;
-        c.n_kv_heads = 1;
-        c.vocab_size = 40;
-        c.seq_len = 256;
-        c.shared_classifier = false;
-        return make_random_model(c, 20240601);
-    }();
+    static const Model m = make_random_model(config_of(16, 32, 1, 2, 1, kTinyVocab, 256, false), 20240601);
     return m;
 }
 
@@ -128,6 +142,17 @@ EngineConfig engine_config(int num_blocks, int block_size) {
     ec.block_size = block_size;
     ec.log_interval_s = 0;
     return ec;
+}
+
+// What the std::invalid_argument says that building an Engine on tiny_model()
+// with `ec` throws; "" when it builds.
+std::string construction_error(const EngineConfig& ec) {
+    try {
+        (void)Engine(tiny_model(), ec);
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return "";
 }
 
 // Every event an engine emits, in order.
@@ -151,6 +176,17 @@ struct Workload {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<SamplingParams> params;
 };
+
+// n greedy requests: prompt length in [prompt_lo, prompt_hi], max_tokens in
+// [tokens_lo, tokens_hi].
+Workload random_workload(Rng& rng, int n, int prompt_lo, int prompt_hi, int tokens_lo, int tokens_hi) {
+    Workload w;
+    for (int i = 0; i < n; ++i) {
+        w.prompts.push_back(random_prompt(rng, rng.uniform(prompt_lo, prompt_hi)));
+        w.params.push_back(max_tokens(rng.uniform(tokens_lo, tokens_hi)));
+    }
+    return w;
+}
 
 struct RunResult {
     std::vector<std::vector<int32_t>> outputs;
@@ -182,6 +218,47 @@ RunResult run_workload(const Workload& w, const EngineConfig& ec) {
     res.metrics = eng.metrics();
     CHECK(eng.pool().num_free_blocks() == ec.num_blocks);
     return res;
+}
+
+// 8 requests: prompts of 4..16 tokens, every other one behind a shared
+// 8-token prefix, max_tokens 20..28; greedy, or sampled at temperature 0.8 /
+// top_p 0.9 with a seed per request.
+Workload determinism_workload(bool sampled) {
+    Rng rng(sampled ? 11 : 10);
+    Workload w;
+    const std::vector<int32_t> common = random_prompt(rng, 8);
+    for (int i = 0; i < 8; ++i) {
+        std::vector<int32_t> p = random_prompt(rng, rng.uniform(4, 16));
+        if (i % 2 == 0) p.insert(p.begin(), common.begin(), common.end());  // shared prefix
+        SamplingParams sp = max_tokens(rng.uniform(20, 28));
+        if (sampled) {
+            sp.temperature = 0.8f;
+            sp.top_p = 0.9f;
+            sp.seed = 1000 + (uint64_t)i;
+        }
+        w.prompts.push_back(p);
+        w.params.push_back(sp);
+    }
+    return w;
+}
+
+// Calls f(workload, ample) for determinism_workload greedy and sampled, each
+// with prefix caching off and on. `ample` has room for the whole workload at
+// its longest, so nobody is preempted; the same with 14 blocks preempts about
+// once per request.
+template <class F>
+void for_each_determinism_case(F f) {
+    for (bool sampled : {false, true}) {
+        const Workload w = determinism_workload(sampled);
+        for (bool caching : {false, true}) {
+            CAPTURE(sampled);
+            CAPTURE(caching);
+            EngineConfig ample = engine_config(256, 4);
+            ample.sched.max_model_len = 56;
+            ample.enable_prefix_caching = caching;
+            f(w, ample);
+        }
+    }
 }
 
 }  // namespace
@@ -284,14 +361,9 @@ TEST_CASE("preemption takes the newest running request first; victims go to the 
 
     // Run to the end: B, then C, then D are admitted, in that order.
     std::vector<Request*> admitted;
-    for (int guard = 0; s.has_unfinished(); ++guard) {
-        REQUIRE(guard < 200);
-        simulate_step(s, out);
-        out = s.schedule();
-        for (const ScheduledRequest& sr : out.scheduled)
+    for (const SchedulerOutput& later : run_to_end(s, pool, out, 200))
+        for (const ScheduledRequest& sr : later.scheduled)
             if (std::find(admitted.begin(), admitted.end(), sr.req) == admitted.end() && sr.req->id != 0) admitted.push_back(sr.req);
-        REQUIRE(invariants(s, pool) == "");
-    }
     CHECK(names(admitted) == "BCD");
     for (int id = 0; id < 4; ++id) CHECK(s.request(id)->finish_reason == FinishReason::kMaxTokens);
     CHECK(pool.num_free_blocks() == 3);
@@ -304,17 +376,10 @@ TEST_CASE("one requester can preempt several victims, newest first") {
     // (as a multi-token step would). C's one block is not enough, so B goes too.
     BlockPool pool(5, 1, false);  // block_size 1: every token is a block
     Scheduler s(sched_config(5), pool);
-    s.add_request({10, 11}, max_tokens(3), 0);  // A: 2 blocks
-    s.add_request({12, 13}, max_tokens(3), 0);  // B: 2 blocks
-    s.add_request({14}, max_tokens(3), 0);      // C: 1 block
-    s.add_request({15}, max_tokens(3), 0);      // D: waits
-    SchedulerOutput out = s.schedule();
-    CHECK(names(out.scheduled) == "ABC");
-    CHECK(pool.num_free_blocks() == 0);
-    simulate_step(s, out);
+    run_first_step_of_abcd(s, pool);
     Request* a = s.request(0);
     a->tokens.push_back(8);  // A now has two uncomputed tokens: it needs two new blocks
-    out = s.schedule();
+    SchedulerOutput out = s.schedule();
     CHECK(names(out.preempted) == "CB");
     CHECK(names(out.scheduled) == "A");
     REQUIRE(out.scheduled.size() == 1);
@@ -348,12 +413,7 @@ TEST_CASE("the newest request preempts itself when it cannot grow") {
     CHECK(pool.num_free_blocks() == 1);
     CHECK(invariants(s, pool) == "");
     // B resumes once A is done, and finishes.
-    for (int guard = 0; s.has_unfinished(); ++guard) {
-        REQUIRE(guard < 100);
-        simulate_step(s, out);
-        out = s.schedule();
-        REQUIRE(invariants(s, pool) == "");
-    }
+    run_to_end(s, pool, out, 100);
     CHECK(a->finish_reason == FinishReason::kMaxTokens);
     CHECK(b->finish_reason == FinishReason::kMaxTokens);
     CHECK(b->num_output_tokens() == 4);
@@ -426,6 +486,188 @@ TEST_CASE("full_sequence_must_fit admits only what fits whole") {
 }
 
 // ---------------------------------------------------------------------------
+// 4b. Victim::kOldest
+// ---------------------------------------------------------------------------
+//
+// The contrast to vLLM's choice: the victim is running_.front(), the request
+// admitted earliest. It stands *before* the cursor of schedule()'s running
+// loop, so unlike a kNewest victim it may already have been given tokens in
+// this very step; preempt() then takes them out of the step again.
+
+// Proves kOldest preempts the oldest running request first, even one already scheduled this step, and how the waiting queue orders its victims.
+TEST_CASE("victim oldest: the oldest running request goes first, even one scheduled earlier in the step") {
+    // The first scenario of "preemption takes the newest ..." with A and B
+    // growing later than C: A, B and C run, D waits on a full pool.
+    for (Victim victim : {Victim::kOldest, Victim::kNewest}) {
+        CAPTURE((int)victim);
+        BlockPool pool(3, 4, false);
+        SchedulerConfig cfg = sched_config(12);
+        cfg.victim = victim;
+        Scheduler s(cfg, pool);
+        s.add_request({10, 11}, max_tokens(8), 0);          // A: 1 block, the next position (2) still fits
+        s.add_request({12, 13}, max_tokens(8), 0);          // B: the same
+        s.add_request({14, 15, 16, 17}, max_tokens(8), 0);  // C: its next position (4) needs a second block
+        s.add_request({18, 19}, max_tokens(8), 0);          // D: waits
+        SchedulerOutput out = s.schedule();
+        CHECK(names(out.scheduled) == "ABC");
+        CHECK(names(s.waiting()) == "D");
+        CHECK(pool.num_free_blocks() == 0);
+        simulate_step(s, out);
+
+        out = s.schedule();
+        CHECK(out.num_scheduled_tokens <= cfg.max_num_batched_tokens);
+        CHECK(out.resumed.empty());
+        CHECK(invariants(s, pool) == "");
+        if (victim == Victim::kNewest) {
+            // For contrast: A and B go on, C (the newest) preempts itself.
+            CHECK(names(out.preempted) == "C");
+            CHECK(names(out.scheduled) == "AB");
+            CHECK(names(s.waiting()) == "CD");
+        } else {
+            // A was given its decode token before C asked for a block; as C's
+            // victim it is taken out of the step again, and its block is C's.
+            CHECK(names(out.preempted) == "A");
+            CHECK(names(out.scheduled) == "BC");
+            CHECK(out.num_scheduled_tokens == 2);
+            CHECK(names(s.running()) == "BC");
+            CHECK(names(s.waiting()) == "AD");
+            const Request* a = s.request(0);
+            CHECK(a->state == RequestState::kPreempted);
+            CHECK(a->num_preemptions == 1);
+            CHECK(a->num_computed_tokens == 0);
+            CHECK(a->block_table.blocks.empty());
+            CHECK(a->num_tokens() == 3);  // its output token is kept, to be recomputed
+            CHECK(s.request(2)->block_table.blocks.size() == 2);
+
+            // Two steps later B, now the oldest, reaches its block boundary:
+            // being the front of running_, it preempts itself and C goes on.
+            simulate_step(s, out);
+            out = s.schedule();
+            CHECK(out.preempted.empty());
+            simulate_step(s, out);
+            out = s.schedule();
+            CHECK(names(out.preempted) == "B");
+            CHECK(names(out.scheduled) == "C");
+            // Each victim goes to the front: the later victim B now stands
+            // before the older A. (kNewest victims leave newest first, so
+            // there the queue stays in arrival order.)
+            CHECK(names(s.waiting()) == "BAD");
+            CHECK(invariants(s, pool) == "");
+        }
+
+        // Run to the end. Who comes back, in order, and who paid: with kOldest
+        // B and A resume together as B, A, which makes B the oldest again, and
+        // B is the victim twice more; with kNewest each request but A pays once.
+        std::string resumed;
+        for (const SchedulerOutput& later : run_to_end(s, pool, out, 200)) resumed += names(later.resumed);
+        std::vector<int> preemptions;
+        for (int id = 0; id < 4; ++id) {
+            CHECK(s.request(id)->finish_reason == FinishReason::kMaxTokens);
+            preemptions.push_back(s.request(id)->num_preemptions);
+        }
+        if (victim == Victim::kOldest) {
+            CHECK(resumed == "BABB");
+            CHECK(join(preemptions) == "1,3,0,0");
+        } else {
+            CHECK(resumed == "BCD");
+            CHECK(join(preemptions) == "0,1,1,1");
+        }
+        CHECK(pool.num_free_blocks() == 3);
+    }
+}
+
+// Proves one kOldest requester preempts oldest first, itself too when it is the oldest, and that a victim scheduled earlier in the step leaves SchedulerOutput::scheduled.
+TEST_CASE("victim oldest: one requester can preempt several victims, oldest first") {
+    // The setup of "one requester can preempt several victims, newest first",
+    // with the newest request, C, wanting two blocks at once.
+    BlockPool pool(5, 1, false);  // block_size 1: every token is a block
+    SchedulerConfig cfg = sched_config(5);
+    cfg.victim = Victim::kOldest;
+    Scheduler s(cfg, pool);
+    run_first_step_of_abcd(s, pool);
+    Request* c = s.request(2);
+    c->tokens.push_back(8);  // C now has two uncomputed tokens: it needs two new blocks
+
+    // A is first in the loop and cannot grow: as the oldest it is its own
+    // victim (kOldest never looks behind the requester). Its 2 blocks let B
+    // grow, so B is scheduled. C then needs 2 blocks, 1 is free: the oldest
+    // running request is now B, which is taken out of the step again.
+    const SchedulerOutput out = s.schedule();
+    CHECK(names(out.preempted) == "AB");
+    CHECK(names(out.scheduled) == "C");
+    REQUIRE(out.scheduled.size() == 1);
+    CHECK(out.scheduled[0].num_new_tokens == 2);
+    CHECK(out.num_scheduled_tokens == 2);
+    CHECK(c->block_table.blocks.size() == 3);
+    CHECK(s.request(1)->block_table.blocks.empty());
+    CHECK(s.request(1)->num_computed_tokens == 0);
+    CHECK(names(s.running()) == "C");
+    CHECK(names(s.waiting()) == "BAD");
+    CHECK(pool.num_free_blocks() == 2);
+    CHECK(invariants(s, pool) == "");
+    run_to_end(s, pool, out, 100);
+    for (int id = 0; id < 4; ++id) CHECK(s.request(id)->finish_reason == FinishReason::kMaxTokens);
+}
+
+// Proves the tokens of a kOldest victim that was scheduled earlier in the step go back to the step's budget: a later prefill chunk gets them.
+TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") {
+    // Budget 9, chunked prefill. Step 1: A's 7-token prompt and 2 tokens of
+    // B's 4. Step 2: A decodes, B finishes its prompt, C is admitted with a
+    // chunk of 6 (2 blocks), leaving 1 free block. Step 3 is the one we watch.
+    for (Victim victim : {Victim::kOldest, Victim::kNewest}) {
+        CAPTURE((int)victim);
+        BlockPool pool(6, 4, false);
+        SchedulerConfig cfg = sched_config(24);
+        cfg.max_num_batched_tokens = 9;
+        cfg.full_sequence_must_fit = false;
+        cfg.victim = victim;
+        Scheduler s(cfg, pool);
+        Request* a = s.add_request(std::vector<int32_t>(7, 5), max_tokens(8), 0);
+        Request* b = s.add_request(std::vector<int32_t>(4, 6), max_tokens(8), 0);
+        Request* c = s.add_request(std::vector<int32_t>(16, 7), max_tokens(8), 0);
+        SchedulerOutput out = s.schedule();
+        CHECK(names(out.scheduled) == "AB");
+        simulate_step(s, out);
+        out = s.schedule();
+        CHECK(names(out.scheduled) == "ABC");
+        REQUIRE(out.scheduled.size() == 3);
+        CHECK(out.scheduled[2].num_new_tokens == 6);
+        CHECK(pool.num_free_blocks() == 1);
+        simulate_step(s, out);
+        REQUIRE(a->num_computed_tokens == 8);  // its next position, 8, needs a third block
+        REQUIRE(b->num_computed_tokens == 4);  // its next position, 4, needs a second block
+
+        // A takes the last free block for position 8 and is scheduled
+        // (budget 9 -> 8). B cannot grow.
+        out = s.schedule();
+        CHECK(out.num_scheduled_tokens <= cfg.max_num_batched_tokens);
+        CHECK(invariants(s, pool) == "");
+        if (victim == Victim::kOldest) {
+            // B's victim is A: A's 3 blocks (the one it just got included) go
+            // back, and so does its token (budget 8 -> 9). B takes 1 (-> 8),
+            // and C's chunk is what is left of its prompt within the budget:
+            // 8 tokens, where 7 would mean A's token had not come back.
+            CHECK(names(out.preempted) == "A");
+            CHECK(names(out.scheduled) == "BC");
+            REQUIRE(out.scheduled.size() == 2);
+            CHECK(out.scheduled[0].num_new_tokens == 1);
+            CHECK(out.scheduled[1].num_new_tokens == 8);
+            CHECK(out.num_scheduled_tokens == cfg.max_num_batched_tokens);
+            CHECK(a->block_table.blocks.empty());
+            CHECK(c->block_table.blocks.size() == 4);
+            CHECK(pool.num_free_blocks() == 0);
+        } else {
+            // B's victim is C, behind the cursor and not yet scheduled.
+            CHECK(names(out.preempted) == "C");
+            CHECK(names(out.scheduled) == "AB");
+            CHECK(out.num_scheduled_tokens == 2);
+        }
+        run_to_end(s, pool, out, 200);
+        for (const Request* r : {a, b, c}) CHECK(r->finish_reason == FinishReason::kMaxTokens);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // 5. Rejection and startup validation
 // ---------------------------------------------------------------------------
 
@@ -437,13 +679,13 @@ TEST_CASE("requests that can never run are rejected at add_request") {
     Recorder rec;
     rec.attach(eng);
     Rng rng(5);
-    const int ok1 = eng.add_request(random_tokens(rng, 5), max_tokens(4));
-    const int too_long = eng.add_request(random_tokens(rng, 20), max_tokens(4));     // longer than the pool
-    const int exactly = eng.add_request(random_tokens(rng, 16), max_tokens(1));      // prompt == max_model_len
+    const int ok1 = eng.add_request(random_prompt(rng, 5), max_tokens(4));
+    const int too_long = eng.add_request(random_prompt(rng, 20), max_tokens(4));     // longer than the pool
+    const int exactly = eng.add_request(random_prompt(rng, 16), max_tokens(1));      // prompt == max_model_len
     const int empty = eng.add_request({}, max_tokens(4));
-    const int zero_tokens = eng.add_request(random_tokens(rng, 3), max_tokens(0));
-    const int capped = eng.add_request(random_tokens(rng, 15), max_tokens(10));      // room for exactly one token
-    const int ok2 = eng.add_request(random_tokens(rng, 6), max_tokens(5));
+    const int zero_tokens = eng.add_request(random_prompt(rng, 3), max_tokens(0));
+    const int capped = eng.add_request(random_prompt(rng, 15), max_tokens(10));      // room for exactly one token
+    const int ok2 = eng.add_request(random_prompt(rng, 6), max_tokens(5));
     for (int id : {too_long, exactly, empty, zero_tokens}) {
         CAPTURE(id);
         const Request* r = eng.request(id);
@@ -475,9 +717,9 @@ TEST_CASE("max_waiting rejects the overflow as retryable") {
     ec.sched.max_waiting = 2;
     Engine eng(tiny_model(), ec, &clock);
     Rng rng(6);
-    const int a = eng.add_request(random_tokens(rng, 4), max_tokens(3));
-    const int b = eng.add_request(random_tokens(rng, 4), max_tokens(3));
-    const int c = eng.add_request(random_tokens(rng, 4), max_tokens(3));
+    const int a = eng.add_request(random_prompt(rng, 4), max_tokens(3));
+    const int b = eng.add_request(random_prompt(rng, 4), max_tokens(3));
+    const int c = eng.add_request(random_prompt(rng, 4), max_tokens(3));
     CHECK(eng.request(a)->state == RequestState::kWaiting);
     CHECK(eng.request(b)->state == RequestState::kWaiting);
     CHECK(eng.request(c)->finish_reason == FinishReason::kRejected);
@@ -485,7 +727,7 @@ TEST_CASE("max_waiting rejects the overflow as retryable") {
     CHECK(!eng.request(c)->reject_reason.empty());
     CHECK(eng.metrics().num_requests_rejected == 1);
     eng.step();  // both admitted: the queue is empty again
-    const int retry = eng.add_request(random_tokens(rng, 4), max_tokens(3));
+    const int retry = eng.add_request(random_prompt(rng, 4), max_tokens(3));
     CHECK(eng.request(retry)->state == RequestState::kWaiting);
     eng.run_until_done();
     for (int id : {a, b, retry}) CHECK(eng.request(id)->finish_reason == FinishReason::kMaxTokens);
@@ -496,28 +738,18 @@ TEST_CASE("engine construction validates max_model_len") {
     SUBCASE("larger than the pool") {
         EngineConfig ec = engine_config(4, 4);
         ec.sched.max_model_len = 17;  // needs 5 blocks
-        bool threw = false;
-        try {
-            Engine eng(tiny_model(), ec);
-        } catch (const std::invalid_argument& e) {
-            threw = true;
-            CHECK(std::string(e.what()).find("--num-blocks") != std::string::npos);
-        }
-        CHECK(threw);
+        const std::string msg = construction_error(ec);
+        CHECK(!msg.empty());
+        CHECK(msg.find("--num-blocks") != std::string::npos);
         ec.sched.max_model_len = 16;  // exactly fits
         CHECK_NOTHROW((void)Engine(tiny_model(), ec));
     }
     SUBCASE("larger than the model's context") {
         EngineConfig ec = engine_config(128, 4);  // 512 slots, the model has 256
         ec.sched.max_model_len = 257;
-        bool threw = false;
-        try {
-            Engine eng(tiny_model(), ec);
-        } catch (const std::invalid_argument& e) {
-            threw = true;
-            CHECK(std::string(e.what()).find("--max-model-len") != std::string::npos);
-        }
-        CHECK(threw);
+        const std::string msg = construction_error(ec);
+        CHECK(!msg.empty());
+        CHECK(msg.find("--max-model-len") != std::string::npos);
     }
     SUBCASE("derived from the smaller of pool and context") {
         CHECK(Engine(tiny_model(), engine_config(128, 4)).config().sched.max_model_len == 256);
@@ -543,7 +775,7 @@ TEST_CASE("chunked prefill respects the token budget") {
         if (r->num_computed_tokens != r->num_tokens() - 1 || r->num_computed_tokens < r->num_prompt_tokens) ++bad_token_events;
     };
     Rng rng(7);
-    const int alone = eng.add_request(random_tokens(rng, 23), max_tokens(3));
+    const int alone = eng.add_request(random_prompt(rng, 23), max_tokens(3));
     eng.step();
     CHECK(eng.request(alone)->num_computed_tokens == 5);
     CHECK(eng.request(alone)->num_output_tokens() == 0);
@@ -552,7 +784,7 @@ TEST_CASE("chunked prefill respects the token budget") {
     CHECK(eng.request(alone)->first_token_time == doctest::Approx(4.0));
 
     std::vector<int> ids;
-    for (int len : {23, 7, 12, 1, 30, 5}) ids.push_back(eng.add_request(random_tokens(rng, len), max_tokens(6)));
+    for (int len : {23, 7, 12, 1, 30, 5}) ids.push_back(eng.add_request(random_prompt(rng, len), max_tokens(6)));
     int saturated = 0;
     for (int guard = 0; eng.has_unfinished(); ++guard) {
         REQUIRE(guard < 500);
@@ -610,15 +842,15 @@ TEST_CASE("abort from every state frees the request's blocks at once") {
         };
 
         // Waiting.
-        const int waiting = eng.add_request(random_tokens(rng, 6), max_tokens(20));
+        const int waiting = eng.add_request(random_prompt(rng, 6), max_tokens(20));
         abort_and_check(waiting, RequestState::kWaiting);
 
         // Running, mid-prefill, next to a request that shares its prefix (with
         // caching, the shared blocks have two holders and must stay allocated).
-        const std::vector<int32_t> shared = random_tokens(rng, 10);
+        const std::vector<int32_t> shared = random_prompt(rng, 10);
         std::vector<int32_t> sibling_prompt = shared, prefill_prompt = shared;
-        for (int32_t t : random_tokens(rng, 2)) sibling_prompt.push_back(t);
-        for (int32_t t : random_tokens(rng, 10)) prefill_prompt.push_back(t);
+        for (int32_t t : random_prompt(rng, 2)) sibling_prompt.push_back(t);
+        for (int32_t t : random_prompt(rng, 10)) prefill_prompt.push_back(t);
         const int holder = eng.add_request(shared, max_tokens(2));
         eng.run_until_done();  // with caching, leaves `shared`'s two full blocks cached
         const int sibling = eng.add_request(sibling_prompt, max_tokens(20));
@@ -640,7 +872,7 @@ TEST_CASE("abort from every state frees the request's blocks at once") {
         CHECK(eng.pool().num_free_blocks() == kBlocks);
 
         // Running, decoding.
-        const int decode = eng.add_request(random_tokens(rng, 3), max_tokens(20));
+        const int decode = eng.add_request(random_prompt(rng, 3), max_tokens(20));
         eng.step();
         eng.step();
         REQUIRE(eng.request(decode)->num_output_tokens() == 2);
@@ -648,8 +880,8 @@ TEST_CASE("abort from every state frees the request's blocks at once") {
         CHECK(eng.pool().num_free_blocks() == kBlocks);
 
         // Preempted, back in the waiting queue: two requests of 8 blocks each outgrow 12.
-        const int older = eng.add_request(random_tokens(rng, 4), max_tokens(27));
-        const int newer = eng.add_request(random_tokens(rng, 4), max_tokens(27));
+        const int older = eng.add_request(random_prompt(rng, 4), max_tokens(27));
+        const int newer = eng.add_request(random_prompt(rng, 4), max_tokens(27));
         for (int guard = 0; eng.request(newer)->state != RequestState::kPreempted; ++guard) {
             REQUIRE(guard < 100);
             eng.step();
@@ -677,8 +909,8 @@ TEST_CASE("abort from inside the event callback ends the request at once") {
     Engine eng(tiny_model(), engine_config(16, 4), &clock);
     Recorder rec;
     Rng rng(16);
-    const int a = eng.add_request(random_tokens(rng, 3), max_tokens(3));
-    const int b = eng.add_request(random_tokens(rng, 3), max_tokens(3));
+    const int a = eng.add_request(random_prompt(rng, 3), max_tokens(3));
+    const int b = eng.add_request(random_prompt(rng, 3), max_tokens(3));
     eng.on_event = [&](const StreamEvent& e) {
         rec.events.push_back(e);
         if (e.type != EventType::kToken || e.request_id != a) return;
@@ -782,7 +1014,7 @@ TEST_CASE("prefix caching reduces recomputation after preemption") {
     Rng rng(9);
     Workload w;
     for (int i = 0; i < 6; ++i) {
-        w.prompts.push_back(random_tokens(rng, 16));
+        w.prompts.push_back(random_prompt(rng, 16));
         w.params.push_back(max_tokens(24));
     }
     EngineConfig ec = engine_config(16, 4);
@@ -804,52 +1036,55 @@ TEST_CASE("prefix caching reduces recomputation after preemption") {
 
 // Proves outputs do not depend on preemption: greedy and seeded sampling, caching on/off, reserve admission.
 TEST_CASE("outputs are identical with and without preemption") {
-    for (bool sampled : {false, true}) {
-        Rng rng(sampled ? 11 : 10);
-        Workload w;
-        const std::vector<int32_t> common = random_tokens(rng, 8);
-        for (int i = 0; i < 8; ++i) {
-            std::vector<int32_t> p = random_tokens(rng, rng.uniform(4, 16));
-            if (i % 2 == 0) p.insert(p.begin(), common.begin(), common.end());  // shared prefix
-            SamplingParams sp = max_tokens(rng.uniform(20, 28));
-            if (sampled) {
-                sp.temperature = 0.8f;
-                sp.top_p = 0.9f;
-                sp.seed = 1000 + (uint64_t)i;
-            }
-            w.prompts.push_back(p);
-            w.params.push_back(sp);
+    for_each_determinism_case([](const Workload& w, const EngineConfig& ample) {
+        EngineConfig small = ample;
+        small.num_blocks = 14;
+        EngineConfig reserve = small;
+        reserve.sched.admission = Admission::kReserve;
+        const RunResult ra = run_workload(w, ample);
+        const RunResult rs = run_workload(w, small);
+        const RunResult rr = run_workload(w, reserve);
+        CHECK(ra.metrics.num_preemptions_total == 0);
+        CHECK(rs.metrics.num_preemptions_total >= (long)w.prompts.size());  // one per request on average
+        CHECK(*std::max_element(rs.preemptions.begin(), rs.preemptions.end()) >= 2);
+        CHECK(rr.metrics.num_preemptions_total == 0);
+        for (size_t i = 0; i < w.prompts.size(); ++i) {
+            CAPTURE(i);
+            CHECK(ra.reasons[i] == FinishReason::kMaxTokens);
+            CHECK((int)ra.outputs[i].size() == w.params[i].max_tokens);
+            CHECK(rs.outputs[i] == ra.outputs[i]);
+            CHECK(rr.outputs[i] == ra.outputs[i]);
         }
-        for (bool caching : {false, true}) {
-            CAPTURE(sampled);
-            CAPTURE(caching);
-            EngineConfig ample = engine_config(256, 4);
-            ample.sched.max_model_len = 56;
-            ample.enable_prefix_caching = caching;
-            EngineConfig small = ample;
-            small.num_blocks = 14;
-            EngineConfig reserve = small;
-            reserve.sched.admission = Admission::kReserve;
-            const RunResult ra = run_workload(w, ample);
-            const RunResult rs = run_workload(w, small);
-            const RunResult rr = run_workload(w, reserve);
-            CHECK(ra.metrics.num_preemptions_total == 0);
-            CHECK(rs.metrics.num_preemptions_total >= (long)w.prompts.size());  // one per request on average
-            CHECK(*std::max_element(rs.preemptions.begin(), rs.preemptions.end()) >= 2);
-            CHECK(rr.metrics.num_preemptions_total == 0);
-            for (size_t i = 0; i < w.prompts.size(); ++i) {
-                CAPTURE(i);
-                CHECK(ra.reasons[i] == FinishReason::kMaxTokens);
-                CHECK((int)ra.outputs[i].size() == w.params[i].max_tokens);
-                CHECK(rs.outputs[i] == ra.outputs[i]);
-                CHECK(rr.outputs[i] == ra.outputs[i]);
-            }
-            // Not a degenerate model: outputs vary.
-            std::set<int32_t> distinct;
-            for (const auto& o : ra.outputs) distinct.insert(o.begin(), o.end());
-            CHECK(distinct.size() >= 5);
+        // Not a degenerate model: outputs vary.
+        std::set<int32_t> distinct;
+        for (const auto& o : ra.outputs) distinct.insert(o.begin(), o.end());
+        CHECK(distinct.size() >= 5);
+    });
+}
+
+// Proves outputs do not depend on preemption with Victim::kOldest either: greedy and seeded sampling, caching on/off.
+TEST_CASE("victim oldest: outputs are identical to a run without preemption") {
+    for_each_determinism_case([](const Workload& w, const EngineConfig& ample) {
+        EngineConfig oldest = ample;
+        oldest.num_blocks = 14;
+        oldest.sched.victim = Victim::kOldest;
+        EngineConfig newest = oldest;
+        newest.sched.victim = Victim::kNewest;
+        const RunResult ra = run_workload(w, ample);
+        const RunResult ro = run_workload(w, oldest);
+        const RunResult rn = run_workload(w, newest);
+        CHECK(ra.metrics.num_preemptions_total == 0);
+        CHECK(ro.metrics.num_preemptions_total >= (long)w.prompts.size() / 2);
+        // On this workload kOldest preempts no more often than kNewest, yet
+        // recomputes more: its victims are the ones that had done the most.
+        CHECK(ro.metrics.num_preemptions_total <= rn.metrics.num_preemptions_total);
+        CHECK(ro.metrics.recomputed_tokens_total > rn.metrics.recomputed_tokens_total);
+        for (size_t i = 0; i < w.prompts.size(); ++i) {
+            CAPTURE(i);
+            CHECK(ro.reasons[i] == FinishReason::kMaxTokens);
+            CHECK(ro.outputs[i] == ra.outputs[i]);
         }
-    }
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -861,6 +1096,7 @@ TEST_CASE("randomized stress: invariants after every step") {
     const int kWorkloads = 400;
     long workloads_with_preemption = 0;
     long total_steps = 0, total_preemptions = 0, total_aborts = 0, total_rejected = 0, total_hits = 0;
+    long oldest_workloads_with_preemption = 0, oldest_preemptions = 0;
     int max_per_request = 0;
     for (int wi = 0; wi < kWorkloads; ++wi) {
         CAPTURE(wi);
@@ -877,6 +1113,7 @@ TEST_CASE("randomized stress: invariants after every step") {
         ec.sched.admission = rng.chance(0.3) ? Admission::kReserve : Admission::kBet;
         ec.sched.full_sequence_must_fit = rng.chance(0.5);
         ec.sched.max_waiting = rng.chance(0.2) ? rng.uniform(1, 6) : 0;
+        ec.sched.victim = rng.chance(0.5) ? Victim::kOldest : Victim::kNewest;
         const int pool_tokens = ec.num_blocks * ec.block_size;
         if (rng.chance(0.3)) ec.sched.max_model_len = rng.uniform(2, std::min(pool_tokens, 256));
         CAPTURE(ec.block_size);
@@ -888,20 +1125,27 @@ TEST_CASE("randomized stress: invariants after every step") {
         CAPTURE((int)ec.sched.admission);
         CAPTURE(ec.sched.full_sequence_must_fit);
         CAPTURE(ec.sched.max_waiting);
+        CAPTURE((int)ec.sched.victim);
 
         StepClock clock;
         Engine eng(tiny_model(), ec, &clock);
         const int mml = eng.config().sched.max_model_len;
         CAPTURE(mml);
         long token_events = 0, finished_events = 0, rejected_events = 0, preempted_events = 0;
+        // A victim leaves the step it was preempted in (with kOldest possibly
+        // after being scheduled in it): no token of this step may be its.
+        std::set<int> step_victims;
+        long tokens_to_victims = 0;
         eng.on_event = [&](const StreamEvent& e) {
             token_events += e.type == EventType::kToken;
             finished_events += e.type == EventType::kFinished;
             rejected_events += e.type == EventType::kRejected;
             preempted_events += e.type == EventType::kPreempted;
+            if (e.type == EventType::kPreempted) step_victims.insert(e.request_id);
+            tokens_to_victims += e.type == EventType::kToken && step_victims.count(e.request_id) > 0;
         };
 
-        const std::vector<int32_t> shared_prefix = random_tokens(rng, rng.uniform(1, 24));
+        const std::vector<int32_t> shared_prefix = random_prompt(rng, rng.uniform(1, 24));
         const int num_requests = rng.uniform(1, 14);
         std::vector<std::vector<int32_t>> prompts;
         std::vector<SamplingParams> params;
@@ -913,7 +1157,7 @@ TEST_CASE("randomized stress: invariants after every step") {
             std::vector<int32_t> p;
             if (ec.enable_prefix_caching && rng.chance(0.5))
                 p.assign(shared_prefix.begin(), shared_prefix.begin() + std::min(len, rng.uniform(1, (int)shared_prefix.size())));
-            const std::vector<int32_t> tail = random_tokens(rng, len - (int)p.size());
+            const std::vector<int32_t> tail = random_prompt(rng, len - (int)p.size());
             p.insert(p.end(), tail.begin(), tail.end());
             SamplingParams sp;
             sp.max_tokens = rng.chance(0.03) ? 0 : rng.uniform(1, 40);
@@ -922,7 +1166,7 @@ TEST_CASE("randomized stress: invariants after every step") {
             if (rng.chance(0.4)) {
                 sp.temperature = 0.8f;
                 sp.top_p = rng.chance(0.5) ? 0.9f : 1.0f;
-                sp.seed = splitmix64(rng.state);
+                sp.seed = rng.next();
             }
             prompts.push_back(p);
             params.push_back(sp);
@@ -952,6 +1196,7 @@ TEST_CASE("randomized stress: invariants after every step") {
                 if (!eng.has_unfinished()) continue;
             }
             int n = 0;
+            step_victims.clear();
             try {
                 n = eng.step();
             } catch (const std::exception& e) {
@@ -961,6 +1206,7 @@ TEST_CASE("randomized stress: invariants after every step") {
             REQUIRE(eng.check_invariants() == "");
             CHECK(n <= ec.sched.max_num_batched_tokens);
             CHECK(n >= 1);
+            CHECK(tokens_to_victims == 0);
             CHECK((int)eng.scheduler().running().size() <= ec.sched.max_num_seqs);
             if (ec.sched.admission == Admission::kReserve) CHECK(eng.metrics().num_preemptions_total == 0);
             for (const Request* r : eng.scheduler().running()) {
@@ -1016,6 +1262,10 @@ TEST_CASE("randomized stress: invariants after every step") {
         CHECK(rejected_events == m.num_requests_rejected);
         total_preemptions += m.num_preemptions_total;
         workloads_with_preemption += m.num_preemptions_total > 0;
+        if (ec.sched.victim == Victim::kOldest) {
+            oldest_preemptions += m.num_preemptions_total;
+            oldest_workloads_with_preemption += m.num_preemptions_total > 0;
+        }
         total_hits += m.prefix_cache_hits;
         for (bool a : aborted) total_aborts += a;
 
@@ -1050,7 +1300,8 @@ TEST_CASE("randomized stress: invariants after every step") {
     MESSAGE("stress: " << kWorkloads << " workloads (" << workloads_with_preemption << " with preemptions), " << total_steps
                        << " steps, " << total_preemptions << " preemptions (max "
                        << max_per_request << " per request), " << total_aborts << " aborts, " << total_rejected
-                       << " rejections, " << total_hits << " prefix-cache hit tokens");
+                       << " rejections, " << total_hits << " prefix-cache hit tokens; victim oldest: "
+                       << oldest_workloads_with_preemption << " workloads with " << oldest_preemptions << " preemptions");
     // The generator really exercises what it claims to.
     CHECK(workloads_with_preemption > kWorkloads / 5);
     CHECK(total_preemptions > 300);
@@ -1058,6 +1309,8 @@ TEST_CASE("randomized stress: invariants after every step") {
     CHECK(total_aborts > 20);
     CHECK(total_rejected > 20);
     CHECK(total_hits > 0);
+    CHECK(oldest_workloads_with_preemption > kWorkloads / 10);
+    CHECK(oldest_preemptions > 100);
 }
 
 // ---------------------------------------------------------------------------
@@ -1073,8 +1326,8 @@ TEST_CASE("metrics agree with the event stream") {
     Recorder rec;
     rec.attach(eng);
     Rng rng(12);
-    for (int i = 0; i < 12; ++i) eng.add_request(random_tokens(rng, rng.uniform(3, 14)), max_tokens(rng.uniform(8, 30)));
-    eng.add_request(random_tokens(rng, 60), max_tokens(4));  // rejected: longer than max_model_len (48)
+    for (int i = 0; i < 12; ++i) eng.add_request(random_prompt(rng, rng.uniform(3, 14)), max_tokens(rng.uniform(8, 30)));
+    eng.add_request(random_prompt(rng, 60), max_tokens(4));  // rejected: longer than max_model_len (48)
     for (int i = 0; i < 6; ++i) eng.step();
     const bool aborted_while_preempted = eng.request(3)->state == RequestState::kPreempted;
     CHECK(eng.abort(3));
@@ -1130,11 +1383,7 @@ TEST_CASE("metrics agree with the event stream") {
 // Proves reserve admission holds prompt + max_tokens up front, never preempts, and still completes.
 TEST_CASE("reserve admission never preempts and completes") {
     Rng rng(13);
-    Workload w;
-    for (int i = 0; i < 10; ++i) {
-        w.prompts.push_back(random_tokens(rng, rng.uniform(4, 12)));
-        w.params.push_back(max_tokens(rng.uniform(16, 30)));
-    }
+    const Workload w = random_workload(rng, 10, 4, 12, 16, 30);
     EngineConfig ec = engine_config(16, 4);
     const RunResult bet = run_workload(w, ec);
     ec.sched.admission = Admission::kReserve;
@@ -1231,8 +1480,8 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
         ec.sched.watermark = 0.5;
         Engine eng(tiny_model(), ec, &clock);
         Rng rng(14);
-        const int big = eng.add_request(random_tokens(rng, 29), max_tokens(3));  // 32 tokens: all 8 blocks
-        const int small = eng.add_request(random_tokens(rng, 2), max_tokens(2));
+        const int big = eng.add_request(random_prompt(rng, 29), max_tokens(3));  // 32 tokens: all 8 blocks
+        const int small = eng.add_request(random_prompt(rng, 2), max_tokens(2));
         eng.step();
         CHECK(eng.request(big)->state == RequestState::kRunning);
         CHECK(eng.request(small)->state == RequestState::kWaiting);  // no block left, let alone the cushion
@@ -1244,11 +1493,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
     }
     SUBCASE("a watermark run still completes under pressure") {
         Rng rng(15);
-        Workload w;
-        for (int i = 0; i < 8; ++i) {
-            w.prompts.push_back(random_tokens(rng, rng.uniform(4, 12)));
-            w.params.push_back(max_tokens(rng.uniform(10, 30)));
-        }
+        const Workload w = random_workload(rng, 8, 4, 12, 10, 30);
         EngineConfig ec = engine_config(16, 4);
         const RunResult plain = run_workload(w, ec);
         ec.sched.watermark = 0.25;

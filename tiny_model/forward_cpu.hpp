@@ -6,6 +6,21 @@
 // go to, and which sequence (row of block_tables) it belongs to. A prefill of
 // 100 tokens, 30 decodes and a recompute chunk all travel in one list, through
 // the same code.
+//
+// Notice what this file never sees: a request, a scheduler, a block pool. The
+// engine turns its scheduled requests into a ForwardBatch, and from then on a
+// sequence is nothing but a row of block ids. vLLM's model runner prepares
+// the same inputs (input ids, positions, slot_mapping, block tables) but
+// finds a sequence's queries by where they start in the flat list
+// (query_start_loc); we give every token its row (token_seq) instead, which
+// keeps attention's indexing one lookup deep.
+//
+// The arithmetic follows llama2.c's run.c, because run.c is our oracle:
+// build/generate prints its stories260K story byte for byte (TUTORIAL.md
+// chapter 2).
+//
+// Sections: 1. the flat batch  2. building blocks (dot, matmul, rmsnorm, RoPE)
+// 3. the forward pass.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +38,11 @@ namespace pkv {
 // 1. The flat batch
 // ============================================================================
 
+// The step's input, built on the host. slot_mapping is computed here, once
+// per token, so that the model's one write to the cache is a plain scatter.
+// Rows of block_tables are padded with -1 to a common width so a kernel can
+// index them as a matrix; the padding is never read, because a token's
+// context ends inside its own blocks.
 struct ForwardBatch {
     std::vector<int32_t> token_ids;     // [num_tokens]
     std::vector<int32_t> positions;     // [num_tokens] position within its sequence
@@ -37,7 +57,9 @@ struct ForwardBatch {
 
     // Append `n` tokens of one sequence that start at position `first_pos`.
     // `table` must already cover positions up to first_pos + n - 1. With
-    // want_logits, the last of these tokens gets a row of logits.
+    // want_logits, the last of these tokens gets a row of logits. Only a token
+    // whose next token will be sampled needs one: a 100-token prefill costs
+    // one classifier row, not 100.
     void add_sequence(const std::vector<int32_t>& table, int block_size, const int32_t* tokens, int first_pos, int n,
                       bool want_logits) {
         if (blocks_for_tokens(first_pos + n, block_size) > (int)table.size())
@@ -57,7 +79,8 @@ struct ForwardBatch {
     }
 
 private:
-    // Widen every row to `width` columns (a longer table arrived).
+    // Widen every row to `width` columns (a longer table arrived). vLLM
+    // avoids the copy with a table as wide as max_model_len can ever need.
     void repad(int width) {
         const int rows = num_seqs();
         std::vector<int32_t> wide((size_t)rows * width, -1);
@@ -69,8 +92,12 @@ private:
 };
 
 // ============================================================================
-// 2. Building blocks, each computed exactly as llama2.c's run.c does
+// 2. Building blocks, computed as llama2.c's run.c does (dot's order aside)
 // ============================================================================
+//
+// Each output element depends on one token's row only, summed in an order
+// fixed by the vector length: nothing a neighbour in the batch does can change
+// a bit of it. Batch invariance is built here, and the GPU kernels copy each order.
 
 // Dot product of two contiguous rows with eight independent accumulators.
 // Eight partial sums let the CPU keep several multiply-adds in flight (and let
@@ -80,7 +107,9 @@ private:
 // terms j = l, l+8, l+16, ... in increasing j; then combine8() folds the eight
 // in one fixed tree; then the n % 8 leftover terms are added in order. The GPU
 // GEMM (forward_gpu.cuh) follows exactly this order, so it computes the very
-// same floats.
+// same floats. run.c's matmul sums in plain index order instead, so our logits
+// may differ from run.c's in the last bits; tests/test_model.cpp's run.c-style
+// oracle calls dot() for that reason, and generate's stories260K text still matches.
 PKV_HD inline float combine8(const float a[8]) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
@@ -101,7 +130,8 @@ inline float dot(const float* w, const float* x, int n) {
 // Below ~256K multiply-adds a parallel region costs more than it saves (and on
 // a busy machine far more: a thread that is not scheduled stalls the rest).
 // Looping tokens inside the row keeps that row of W hot in L1 while every
-// token of the batch uses it -- the reason batching is cheaper per token.
+// token of the batch uses it -- the reason batching is cheaper per token
+// (TUTORIAL.md chapter 8: 1.50x the tokens per second at batch 4, two cores).
 inline void matmul(float* out, const float* x, const float* W, int T, int n, int d) {
 #pragma omp parallel for schedule(static) if ((long)T * n * d >= (1L << 18))
     for (int o = 0; o < d; ++o) {
@@ -111,6 +141,8 @@ inline void matmul(float* out, const float* x, const float* W, int T, int n, int
 }
 
 // RMSNorm with eps 1e-5: o = w * x / sqrt(mean(x^2) + eps).
+// As run.c: a float sum of squares in index order, one reciprocal square
+// root. LayerNorm would also subtract the mean and add a bias; Llama skips both.
 inline void rmsnorm(float* o, const float* x, const float* weight, int n) {
     float ss = 0.0f;
     for (int j = 0; j < n; ++j) ss += x[j] * x[j];
@@ -125,6 +157,12 @@ inline void rmsnorm(float* o, const float* x, const float* weight, int n) {
 // pos * 10000^(-i/head_dim). Computed exactly as run.c does (powf, then cosf and
 // sinf of a float angle); the GPU path gets these same numbers from a table the
 // host fills with this function.
+// Interleaved pairs are Meta's original layout, which llama2.c keeps. Hugging
+// Face's Llama rotates the two halves of a head instead (rotate_half), and
+// checkpoints converted between the two conventions permute the rows of wq
+// and wk: a classic source of a model that loads fine and talks nonsense.
+// vLLM precomputes a cos/sin table per position (cos_sin_cache); we recompute
+// on the CPU, and build the GPU's table with this function, so bits agree.
 inline void rope_cos_sin(int pos, int i, int head_dim, float& fcr, float& fci) {
     const float freq = 1.0f / std::pow(10000.0f, i / (float)head_dim);
     const float val = pos * freq;
@@ -159,10 +197,19 @@ inline void rope(float* vec, int n, int head_dim, int pos) {
 //   x += W2 (silu(xb2 W1^T) * xb2 W3^T)      with xb2 = rmsnorm(x)
 // then logits = rmsnorm(x) Wcls^T for the tokens in logits_indices only.
 
+// No state but scratch: everything a sequence remembers lives in the KV
+// cache, addressed through the batch's block tables. That is what lets the
+// scheduler preempt, resume and mix requests freely between two calls.
 struct CpuForward {
     const Model& model;
     KVCache& cache;
-    // Scratch, sized for the largest batch seen. [T, ...] each.
+    // Scratch, sized for the largest batch seen. [T, ...] each:
+    //   x  [T, dim]         the residual stream, token embeddings at first
+    //   xb [T, dim]         a normed copy of x, later a projection's output
+    //   q  [T, dim]         queries (n_heads x head_dim); never cached
+    //   k, v [T, kv_dim]    this step's keys and values, on their way to slots
+    //   att [T, dim]        attention output, all heads side by side
+    //   hb, hb2 [T, hidden_dim]  the two SwiGLU branches
     std::vector<float> x, xb, q, k, v, att, hb, hb2;
 
     CpuForward(const Model& m, KVCache& c) : model(m), cache(c) {}
@@ -196,6 +243,8 @@ struct CpuForward {
             for (int t = 0; t < T; ++t) {
                 rope(&q[(size_t)t * D], D, hd, b.positions[t]);
                 rope(&k[(size_t)t * KV], KV, hd, b.positions[t]);
+                // The write comes before attention because a prefill token
+                // attends to earlier tokens of the same batch, and to itself.
                 // reshape_and_cache: one slot holds all kv heads of one token;
                 // kv_store converts to the cache's dtype, as the kernel does.
                 for (int h = 0; h < c.n_kv_heads; ++h) {
@@ -203,11 +252,13 @@ struct CpuForward {
                     kv_store(vc, b.slot_mapping[t], h, &v[(size_t)t * KV + (size_t)h * hd]);
                 }
             }
+            // The only read: token t sees positions 0..positions[t] of its own
+            // sequence, whatever else is in the batch. One core; only matmul is parallel.
             paged_attention_ref(att.data(), q.data(), kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, shape);
             matmul(xb.data(), att.data(), &w.wo[(size_t)l * D * D], T, D, D);
             for (size_t i = 0; i < (size_t)T * D; ++i) x[i] += xb[i];
 
-            // Feed-forward block (SwiGLU).
+            // Feed-forward block (SwiGLU): w2(silu(w1 x) * w3 x), silu as run.c writes it.
             for (int t = 0; t < T; ++t) rmsnorm(&xb[(size_t)t * D], &x[(size_t)t * D], &w.rms_ffn[(size_t)l * D], D);
             matmul(hb.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
             matmul(hb2.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);

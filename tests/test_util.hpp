@@ -1,0 +1,194 @@
+// tests/test_util.hpp -- helpers that more than one test file needs.
+//
+// Only what is really the same everywhere lives here: the random numbers the
+// tests are built from, bit-exact float comparison, the small odd-shaped model
+// and the scattered block tables that the model and kernel tests both feed
+// through a ForwardBatch, and the files and processes the end-to-end tests
+// look for. Helpers that belong to one file's story (the contiguous run.c
+// oracle, the scheduler's simulate_step, the kernel tests' attention problems)
+// stay in that file, next to the tests that explain them.
+//
+// Every test file is also compiled by nvcc (`make cuda`), so this header is
+// plain C++20 host code.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "paged_kv.cuh"
+#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/model.hpp"
+
+namespace pkv_test {
+
+// ---------------------------------------------------------------------------
+// Random test inputs
+// ---------------------------------------------------------------------------
+
+// splitmix64 (the model's own generator): the same numbers on every compiler
+// and standard library, which std:: distributions do not promise. As in
+// <random>, integers are drawn from a closed range and floats from a half-open
+// one.
+struct Rng {
+    uint64_t state;
+    explicit Rng(uint64_t seed) : state(seed) {}
+    uint64_t next() { return pkv::splitmix64(state); }
+    int below(int n) { return (int)(next() % (uint64_t)n); }       // [0, n)
+    int uniform(int lo, int hi) { return lo + below(hi - lo + 1); }  // [lo, hi]
+    float uniform(float lo, float hi) { return lo + (hi - lo) * pkv::uniform01(state); }  // [lo, hi)
+    bool chance(double p) { return (double)(next() >> 11) * (1.0 / 9007199254740992.0) < p; }
+    template <class T>
+    const T& pick(const std::vector<T>& v) { return v[(size_t)below((int)v.size())]; }
+};
+
+// Fisher-Yates, back to front.
+template <class T>
+void shuffle(std::vector<T>& v, Rng& rng) {
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[(size_t)rng.below((int)i)]);
+}
+
+// n token ids in [first, vocab).
+inline std::vector<int32_t> random_tokens(Rng& rng, int n, int vocab, int first = 0) {
+    std::vector<int32_t> t((size_t)n);
+    for (int32_t& x : t) x = first + rng.below(vocab - first);
+    return t;
+}
+inline std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
+    Rng rng(seed);
+    return random_tokens(rng, n, vocab);
+}
+
+// ---------------------------------------------------------------------------
+// Floats
+// ---------------------------------------------------------------------------
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Index of the first element whose bits differ, or -1 when a and b are
+// identical (0 when their sizes differ). Bits, not ==: NaN == NaN is false and
+// -0 == +0 is true, and "bit for bit" is a promise about neither.
+template <class T>
+long first_bit_diff(const std::vector<T>& a, const std::vector<T>& b) {
+    if (a.size() != b.size()) return 0;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return (long)i;
+    return -1;
+}
+
+inline bool all_finite(const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// ---------------------------------------------------------------------------
+// Models and forward batches
+// ---------------------------------------------------------------------------
+
+// A Config from the seven numbers of a llama2.c header, in the header's order,
+// plus whether the classifier is the embedding table.
+inline pkv::Config config_of(int dim, int hidden_dim, int n_layers, int n_heads, int n_kv_heads, int vocab_size,
+                             int seq_len, bool shared_classifier) {
+    pkv::Config c;
+    c.dim = dim;
+    c.hidden_dim = hidden_dim;
+    c.n_layers = n_layers;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv_heads;
+    c.vocab_size = vocab_size;
+    c.seq_len = seq_len;
+    c.shared_classifier = shared_classifier;
+    return c;
+}
+
+// The small model whose shape is chosen to be awkward: head_dim 8, GQA 3:1
+// (6 heads over 2 kv heads), and dim 48 / hidden 100 / vocab 300, which are not
+// multiples of 32 or 128 and so leave tails in every dot product and GEMM tile.
+inline pkv::Config small_config(bool shared_classifier) {
+    return config_of(48, 100, 2, 6, 2, 300, 128, shared_classifier);
+}
+
+// A pool whose free list is a random permutation of its blocks, so tables
+// allocated from it are scattered over the cache. The blocks come out in
+// shuffle(ids, rng)'s order.
+inline pkv::BlockPool shuffled_pool(int num_blocks, int block_size, Rng& rng) {
+    pkv::BlockPool pool(num_blocks, block_size, /*enable_prefix_caching=*/false);
+    std::vector<int32_t> all;
+    REQUIRE(pool.allocate(num_blocks, all));
+    shuffle(all, rng);
+    pool.release(all);
+    return pool;
+}
+inline pkv::BlockPool shuffled_pool(int num_blocks, int block_size, uint64_t seed) {
+    Rng rng(seed);
+    return shuffled_pool(num_blocks, block_size, rng);
+}
+
+// One sequence being fed through the forward pass, chunk by chunk.
+struct Seq {
+    std::vector<int32_t> tokens;
+    pkv::BlockTable table;
+    int done = 0;  // tokens already placed in some batch (their K/V are, or will be, cached)
+};
+
+// Adds the next n tokens of s to batch b, growing its table from pool first.
+// all_logits: a logits row for every one of them, else for the last only.
+// Returns the index of the first logits row it added.
+inline int add_chunk(pkv::ForwardBatch& b, pkv::BlockPool& pool, Seq& s, int n, bool all_logits = false) {
+    REQUIRE(s.done + n <= (int)s.tokens.size());
+    REQUIRE(pkv::allocate_slots(pool, s.table, {}, s.done + n));
+    const int first_row = (int)b.logits_indices.size();
+    b.add_sequence(s.table.blocks, pool.block_size(), s.tokens.data() + s.done, s.done, n, !all_logits);
+    if (all_logits)
+        for (int i = 0; i < n; ++i) b.logits_indices.push_back(b.num_tokens() - n + i);
+    s.done += n;
+    return first_row;
+}
+
+// ---------------------------------------------------------------------------
+// Files and processes
+// ---------------------------------------------------------------------------
+
+// Where stories260K.bin and tok512.bin are looked for: ../shared/models, or
+// $PAGEDKV_MODELS. Tests that need them skip with a MESSAGE when absent.
+inline std::string models_dir() {
+    const char* env = std::getenv("PAGEDKV_MODELS");
+    return env && *env ? std::string(env) : std::string("../shared/models");
+}
+
+inline bool file_exists(const std::string& p) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(p, ec);
+}
+
+inline std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// Runs a shell command; returns its stdout and exit status (-1 if it died).
+inline std::pair<std::string, int> run_command(const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int status = ::pclose(p);
+    return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+}  // namespace pkv_test

@@ -10,6 +10,9 @@
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
 #                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
+#   make studies    every study (TUTORIAL.md chapter 11): tables on stdout, charts in docs/plots/
+#                   (one at a time: make study-concurrency_sweep, study-victim_study,
+#                   study-fixes_study, study-preemption_study, study-kv_dtype_study)
 #   make clean
 
 BUILD    ?= build
@@ -37,7 +40,7 @@ DOCTEST_INC ?=
 DOCTEST_H := $(if $(DOCTEST_INC),$(DOCTEST_INC)/doctest/doctest.h,/usr/include/doctest/doctest.h)
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC))
 
-.PHONY: all run test debug sanitize tsan bench cuda clean check-doctest
+.PHONY: all run test debug sanitize tsan bench cuda studies clean check-doctest
 all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -64,6 +67,14 @@ test: $(BUILD)/tests $(BUILD)/generate
 
 bench: $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
+
+STUDIES := concurrency_sweep victim_study fixes_study preemption_study
+studies: $(addprefix study-,$(STUDIES)) study-kv_dtype_study
+study-%: $(BUILD)/%
+	@mkdir -p docs/plots
+	./$(BUILD)/$* --svg docs/plots/$*.svg
+study-kv_dtype_study: $(BUILD)/kv_dtype_study
+	./$(BUILD)/kv_dtype_study
 
 debug:
 	$(MAKE) BUILD=build/debug OPT="-O0 -g" all

@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
     cli::print_usage = usage;
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
-    const double load = study::load_average();
+    const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows;
     for (int seqs : o.seqs) {
@@ -274,6 +274,7 @@ int main(int argc, char** argv) {
         rows.push_back(std::move(row));
     }
     const std::vector<std::string> conclusion = conclude(rows);
+    const double load_end = study::load_average();
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -284,7 +285,8 @@ int main(int argc, char** argv) {
                                 .str("study", "concurrency_sweep")
                                 .raw("workload", study::workload_json(o.setup, mt.name))
                                 .integer("repeat", o.repeat)
-                                .num("load_average", load)
+                                .num("load_average_start", load)
+                                .num("load_average_end", load_end)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -295,9 +297,9 @@ int main(int argc, char** argv) {
 
     const study::Setup& w = o.setup;
     std::printf("concurrency sweep: %d requests x (%d prompt + %d output tokens), all at once; KV cache %d blocks of %d "
-                "(%d tokens); admission bet, victim newest; %s, %d CPU thread(s), load average %.1f%s\n\n",
+                "(%d tokens); admission bet, victim newest; %s, %d CPU thread(s), load average %.1f at start, %.1f at end%s\n\n",
                 w.requests, w.prompt_len, w.max_tokens, w.num_blocks, w.block_size, w.num_blocks * w.block_size,
-                pkv::to_string(w.device), study::cpu_threads(), load,
+                pkv::to_string(w.device), study::cpu_threads(), load, load_end,
                 o.repeat > 1 ? (", fastest of " + std::to_string(o.repeat) + " runs per point").c_str() : "");
     std::printf("%8s %7s %8s %9s %7s %7s %10s %8s %8s %5s %9s %6s %6s\n", "max_num", "req/s", "useful", "processed", "useful",
                 "preempt", "recomputed", "ITL p50", "ITL p99", "peak", "useful", "steps", "wall");

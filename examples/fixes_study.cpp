@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
     cli::print_usage = usage;
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
-    const double load = study::load_average();
+    const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows = plan(o);
     for (Row& r : rows) {
@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
         }
     }
     const std::vector<std::string> conclusion = conclude(rows);
+    const double load_end = study::load_average();
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -309,7 +310,8 @@ int main(int argc, char** argv) {
                                 .integer("max_num_seqs", o.setup.max_num_seqs)
                                 .integer("arrival_interval_steps", o.setup.arrival_interval)
                                 .integer("repeat", o.repeat)
-                                .num("load_average", load)
+                                .num("load_average_start", load)
+                                .num("load_average_end", load_end)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -320,9 +322,9 @@ int main(int argc, char** argv) {
 
     const study::Setup& w = o.setup;
     std::printf("fixes study: %d requests x (%d prompt + %d output tokens), one every %d steps; KV cache %d blocks of %d; "
-                "max_num_seqs %d; %s, %d CPU thread(s), load average %.1f%s\n\n",
+                "max_num_seqs %d; %s, %d CPU thread(s), load average %.1f at start, %.1f at end%s\n\n",
                 w.requests, w.prompt_len, w.max_tokens, w.arrival_interval, w.num_blocks, w.block_size, w.max_num_seqs,
-                pkv::to_string(w.device), study::cpu_threads(), load,
+                pkv::to_string(w.device), study::cpu_threads(), load, load_end,
                 o.repeat > 1 ? (", fastest of " + std::to_string(o.repeat) + " runs per row").c_str() : "");
     std::printf("%-19s %5s %5s %8s %7s %10s %8s %8s %8s %8s %8s %7s %6s %6s\n", "fix", "done", "rej", "useful", "preempt",
                 "recomputed", "ITL p99", "ITL p99", "ITL max", "e2e p99", "e2e p99", "peak", "steps", "wall");

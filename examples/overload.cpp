@@ -38,7 +38,7 @@ namespace {
 struct Options : study::Setup {
     std::string checkpoint, tokenizer;
     bool json = false, lanes = true;
-    Options() { log_interval = 0.2; }
+    Options() { log_interval = 0.2; swap_space_blocks = 64; }
 };
 
 void usage(FILE* out) {
@@ -58,6 +58,10 @@ void usage(FILE* out) {
                  "  --admission bet|reserve     page on demand, or reserve prompt+max_tokens (default bet)\n"
                  "  --max-waiting N             shed load: reject when N are waiting (default 0 = never)\n"
                  "  --victim newest|oldest      who is preempted when the cache runs out (default newest)\n"
+                 "  --preemption recompute|swap what happens to a victim's KV cache (default recompute)\n"
+                 "  --swap-space N              host swap space in blocks, for --preemption swap (default 64)\n"
+                 "  --kv-dtype f32|f16|int8     the KV cache's element type (default f32)\n"
+                 "  --kv-cache-mb X             size the pool from a byte budget instead of --num-blocks\n"
                  "  --temperature T             0 = greedy (default 0); sampling is seeded per request\n"
                  "  --seed N                    workload and sampling seed (default 1)\n"
                  "  --no-lanes                  skip the per-step lanes\n"
@@ -111,7 +115,19 @@ Options parse(int argc, char** argv) {
             if (std::string(v) == "newest") o.victim = pkv::Victim::kNewest;
             else if (std::string(v) == "oldest") o.victim = pkv::Victim::kOldest;
             else cli::bad_usage("--victim expects newest or oldest");
-        } else if (a == "-z") o.tokenizer = v;
+        } else if (a == "--preemption") {
+            if (std::string(v) == "recompute") o.preemption = pkv::Preemption::kRecompute;
+            else if (std::string(v) == "swap") o.preemption = pkv::Preemption::kSwap;
+            else cli::bad_usage("--preemption expects recompute or swap");
+        } else if (a == "--swap-space") o.swap_space_blocks = (int)cli::parse_int(a, v);
+        else if (a == "--kv-dtype") {
+            try {
+                o.kv_dtype = pkv::parse_kv_dtype(v);
+            } catch (const std::invalid_argument& e) {
+                cli::bad_usage(e.what());
+            }
+        } else if (a == "--kv-cache-mb") o.kv_cache_mb = cli::parse_float(a, v);
+        else if (a == "-z") o.tokenizer = v;
         else cli::bad_usage("unknown option " + a);
     }
     if (o.requests < 1 || o.prompt_len < 1 || o.max_tokens < 1 || o.temperature < 0)
@@ -268,14 +284,15 @@ int main(int argc, char** argv) {
                  "\",\"reject_reason\":\"" + json_escape(r->reject_reason) + "\",\"preemptions\":" +
                  std::to_string(r->num_preemptions) + "}";
         }
-        char buf[1024];
+        char buf[1536];
         std::snprintf(buf, sizeof buf,
                       "],\"metrics\":{\"num_preemptions_total\":%ld,\"generation_tokens_total\":%ld,\"prompt_tokens_total\":%ld,"
-                      "\"recomputed_tokens_total\":%ld,\"computed_tokens_total\":%ld,\"prefix_cache_queries\":%ld,"
+                      "\"recomputed_tokens_total\":%ld,\"swap_outs\":%ld,\"swap_ins\":%ld,\"swap_out_bytes\":%ld,\"swap_in_bytes\":%ld,\"swap_fallbacks\":%ld,\"computed_tokens_total\":%ld,\"prefix_cache_queries\":%ld,"
                       "\"prefix_cache_hits\":%ld,\"num_requests_finished\":%ld,\"num_requests_rejected\":%ld,\"num_steps\":%ld,"
                       "\"max_kv_cache_usage_perc\":%.4f,\"itl_p50_s\":%.6f,\"itl_p90_s\":%.6f,\"itl_p99_s\":%.6f,"
                       "\"ttft_p50_s\":%.6f,\"ttft_p99_s\":%.6f,\"e2e_p50_s\":%.6f,\"e2e_p99_s\":%.6f,\"wall_s\":%.4f}}\n",
-                      m.num_preemptions_total, m.generation_tokens_total, m.prompt_tokens_total, m.recomputed_tokens_total,
+                      m.num_preemptions_total, m.generation_tokens_total, m.prompt_tokens_total, m.recomputed_tokens_total, m.num_swap_outs,
+                      m.num_swap_ins, m.swap_out_bytes, m.swap_in_bytes, m.num_swap_fallbacks,
                       m.computed_tokens_total, m.prefix_cache_queries, m.prefix_cache_hits, m.num_requests_finished,
                       m.num_requests_rejected, m.num_steps, m.max_kv_cache_usage_perc, m.inter_token_latency.percentile(50),
                       m.inter_token_latency.percentile(90), m.inter_token_latency.percentile(99),
@@ -315,6 +332,10 @@ int main(int argc, char** argv) {
     std::printf("  useful output tokens     %ld\n", m.generation_tokens_total);
     std::printf("  recomputed tokens        %ld  (%.0f%% of the useful output: work done twice)\n", m.recomputed_tokens_total,
                 m.generation_tokens_total ? 100.0 * m.recomputed_tokens_total / m.generation_tokens_total : 0.0);
+    if (opt.preemption == pkv::Preemption::kSwap)
+        std::printf("  swap                     %ld out, %ld in, %.2f MB out + %.2f MB in, %ld fallbacks to recompute (swap space %d blocks)\n",
+                    m.num_swap_outs, m.num_swap_ins, m.swap_out_bytes / 1e6, m.swap_in_bytes / 1e6, m.num_swap_fallbacks,
+                    opt.swap_space_blocks);
     std::printf("  tokens through the model %ld  (prompt %ld + decode + recompute)\n", m.computed_tokens_total, m.prompt_tokens_total);
     std::printf("  kv_cache_usage_perc      peak %.0f%%\n", 100 * m.max_kv_cache_usage_perc);
     if (opt.prefix_caching)

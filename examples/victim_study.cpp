@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     cli::print_usage = usage;
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
-    const double load = study::load_average();
+    const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows;
     for (const Policy& p : kPolicies) {
@@ -202,6 +202,7 @@ int main(int argc, char** argv) {
         }
     }
     const std::vector<std::string> conclusion = conclude(rows);
+    const double load_end = study::load_average();
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -224,7 +225,8 @@ int main(int argc, char** argv) {
                                 .str("study", "victim_study")
                                 .raw("workload", study::workload_json(o.setup, mt.name))
                                 .integer("max_num_seqs", o.setup.max_num_seqs)
-                                .num("load_average", load)
+                                .num("load_average_start", load)
+                                .num("load_average_end", load_end)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -235,9 +237,9 @@ int main(int argc, char** argv) {
 
     const study::Setup& w = o.setup;
     std::printf("victim study: %d requests x (%d prompt + %d output tokens), all at once; KV cache %d blocks of %d; "
-                "max_num_seqs %d; %s, %d CPU thread(s), load average %.1f\n",
+                "max_num_seqs %d; %s, %d CPU thread(s), load average %.1f at start, %.1f at end\n",
                 w.requests, w.prompt_len, w.max_tokens, w.num_blocks, w.block_size, w.max_num_seqs, pkv::to_string(w.device),
-                study::cpu_threads(), load);
+                study::cpu_threads(), load, load_end);
     std::printf("time in engine steps (deterministic) and in wall-clock ms (this machine, this run)\n\n");
     std::printf("%-8s %7s %18s %6s %7s %10s %8s %8s %8s %8s %8s %9s %8s %7s\n", "policy", "steps", "completed by step", "mean",
                 "preempt", "recomputed", "e2e p99", "ITL p99", "ITL max", "e2e p99", "ITL p99", "useful", "peak", "wall");

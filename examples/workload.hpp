@@ -50,6 +50,10 @@ struct Setup {
     // copied to a host swap space of swap_space_blocks blocks (vLLM V0).
     pkv::Preemption preemption = pkv::Preemption::kRecompute;
     int swap_space_blocks = 0;
+    // The cache's element type, and optionally a byte budget that sizes the
+    // pool instead of num_blocks (a smaller dtype then buys more blocks).
+    pkv::KVDtype kv_dtype = pkv::KVDtype::kF32;
+    double kv_cache_mb = 0.0;  // 0 = use num_blocks
     double log_interval = 0.0;  // the engine's periodic log line; 0 = off
     pkv::Device device = pkv::Device::kCpu;
     // The workload.
@@ -118,6 +122,8 @@ inline pkv::EngineConfig engine_config(const Setup& s, pkv::Device device) {
     ec.sched.victim = s.victim;
     ec.sched.preemption = s.preemption;
     ec.sched.swap_space_blocks = s.swap_space_blocks;
+    ec.kv_dtype = s.kv_dtype;
+    ec.kv_cache_bytes = (size_t)(s.kv_cache_mb * 1048576.0);
     ec.log_interval_s = s.log_interval;
     ec.device = device;
     return ec;

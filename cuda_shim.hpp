@@ -139,6 +139,19 @@ inline void device_memset(void* dst, int value, size_t bytes) { cuda_check(cudaM
 // With one stream nothing needs this for correctness (see above); it is the
 // fence to put before reading a host-side clock around GPU work.
 inline void device_synchronize() { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+// Pinned (page-locked) host memory: the DMA engine copies it directly, so
+// cudaMemcpyAsync from or to it is truly asynchronous and runs at full PCIe
+// speed; pageable memory goes through a staging buffer. The swap space uses it.
+inline void* host_pinned_malloc(size_t bytes) {
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, bytes ? bytes : 1), "cudaMallocHost");
+    return p;
+}
+inline void host_pinned_free(void* p) { cudaFreeHost(p); }
+// Queue a copy on the default stream; device_synchronize() waits for all of them.
+inline void copy_async(void* dst, const void* src, size_t bytes) {
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpyAsync");
+}
 
 #else
 // ============================================================================
@@ -302,12 +315,30 @@ inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes
 inline void copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 inline void device_memset(void* dst, int value, size_t bytes) { std::memset(dst, value, bytes); }
 inline void device_synchronize() {}
+inline void* host_pinned_malloc(size_t bytes) { return ::operator new(bytes ? bytes : 1); }
+inline void host_pinned_free(void* p) { ::operator delete(p); }
+inline void copy_async(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 
 #endif
 
 // ============================================================================
-// 3. Device buffers (both worlds)
+// 3. Device buffers (both worlds), and pinned host buffers
 // ============================================================================
+
+// An owning array of pinned host memory (plain host memory when emulated).
+class PinnedHostBuffer {
+public:
+    explicit PinnedHostBuffer(size_t bytes) : n_(bytes), p_(static_cast<unsigned char*>(host_pinned_malloc(bytes))) {}
+    PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+    PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+    ~PinnedHostBuffer() { host_pinned_free(p_); }
+    unsigned char* data() const { return p_; }
+    size_t size() const { return n_; }
+
+private:
+    size_t n_;
+    unsigned char* p_;
+};
 
 // An owning array in device memory (host memory under emulation). Move-only.
 // Our own type rather than thrust::device_vector: nothing beyond the CUDA

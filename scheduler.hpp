@@ -338,16 +338,18 @@ public:
             // its last sampled token to compute; vLLM has the same skip for
             // pipeline parallelism and asynchronous scheduling.
             if (n <= 0) { ++i; continue; }
-            // (2) Grow its block table; while that fails, preempt the newest
-            //     running request. The victim may be `req` itself when it is
-            //     the newest, and then it simply waits for the next step.
+            // (2) Grow its block table; while that fails, preempt a victim:
+            //     the newest running request (Victim::kNewest, the default),
+            //     or the oldest (kOldest). The victim may be `req` itself, and
+            //     then it simply waits for the next step.
             //     Why not just skip `req` and let it keep its blocks? When every
             //     running request sits at a block boundary, nobody can grow and
             //     nobody gives a block back: a deadlock. Freeing a victim is
             //     what guarantees the oldest requests progress.
-            //     Victims come from the back, behind the cursor `i`, so a victim
-            //     was never given tokens earlier in this step. (vLLM's priority
-            //     policy may pick one that was, and must take its budget back.)
+            //     With kNewest victims come from the back, behind the cursor
+            //     `i`, so a victim was never given tokens earlier in this step.
+            //     With kOldest it may have been: preempt() takes its tokens back
+            //     (vLLM's priority policy has the same case).
             bool self_preempted = false;
             while (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) {
                 Request* victim = cfg_.victim == Victim::kNewest ? running_.back() : running_.front();
@@ -493,8 +495,9 @@ private:
     // As in vLLM V1's _preempt_request: free, num_computed_tokens = 0,
     // PREEMPTED, prepend to waiting. Victims leave newest first and each goes
     // to the front, so chapter 3's victims of step 3 (15, 14, 13) line up as
-    // 13, 14, 15, ahead of 16..23: running and waiting together stay in
-    // arrival order, which is what keeps completion order close to it.
+    // 13, 14, 15, ahead of 16..23: with kNewest, running and waiting together
+    // stay in arrival order, which keeps completion order close to it. (With
+    // kOldest a later victim queues ahead of older ones.)
     // With Victim::kOldest the victim may already have been given tokens this
     // step: they are taken back (removed from `out`, refunded to `budget`).
     void preempt(Request* victim, SchedulerOutput& out, int& budget) {

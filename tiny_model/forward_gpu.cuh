@@ -311,23 +311,22 @@ public:
     }
     int vocab_size() const override { return model_.cfg.vocab_size; }
 
-    // One copy per (block, layer, K or V): block_size * kv_dim floats each.
-    // (vLLM V0 batched these into one kernel launch per step; a production
-    // engine would also use pinned host memory and an asynchronous stream.)
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < geo_.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), true, copy_to_host);
-    }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < geo_.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), false, copy_to_device);
-    }
+    // One cudaMemcpyAsync per (block, layer, K or V) to or from pinned host
+    // memory, all queued on the default stream, then one wait: the copies
+    // stream back to back on the copy engine, and the forward pass that
+    // follows cannot start before they are done. (Overlapping the copies with
+    // compute would need a second stream and an event.)
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, true); }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, false); }
 
 private:
+    void swap(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
+        for (const auto& [block, slot] : pairs)
+            for (int l = 0; l < geo_.num_layers; ++l)
+                for (int kv = 0; kv < 2; ++kv)
+                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), out, copy_async);
+        device_synchronize();
+    }
     // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
     KVView view(int layer, int kv) const {
         float* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_words(geo_);
@@ -393,7 +392,7 @@ private:
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
-    std::vector<unsigned char> swap_;  // host swap space [swap_blocks, bytes_per_block]
+    PinnedHostBuffer swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
 };
 
 enum class Device { kCpu, kEmulated, kCuda };

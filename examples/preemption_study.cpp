@@ -248,7 +248,8 @@ double noise_pct(const Results& R) {
 
 std::string pct_change(double from, double to, double noise) {
     char b[80];
-    const double d = 100.0 * (to - from) / std::max(1e-9, from);
+    double d = 100.0 * (to - from) / std::max(1e-9, from);
+    if (std::fabs(d) < 0.5) d = 0.0;  // never "-0%"
     if (std::fabs(d) < noise) std::snprintf(b, sizeof b, "%+.0f%%, within the ~%.0f%% wall-clock noise", d, noise);
     else std::snprintf(b, sizeof b, "%+.0f%%", d);
     return b;
@@ -285,12 +286,19 @@ std::vector<std::string> conclude(const Options& o, const Results& R) {
     char pre[64];
     if (pc.m.preemptions == rec.m.preemptions) std::snprintf(pre, sizeof pre, "the same %ld preemptions", pc.m.preemptions);
     else std::snprintf(pre, sizeof pre, "%ld preemptions instead of %ld", pc.m.preemptions, rec.m.preemptions);
-    std::snprintf(b, sizeof b,
-                  "prefix caching: resumed victims found %ld tokens of their own blocks still cached, so recompute fell from %ld to "
-                  "%ld tokens (%.0f%% less) with %s; useful tok/s %s",
-                  pc.m.prefix_cache_hits, rec.m.recomputed_tokens, pc.m.recomputed_tokens,
-                  100.0 * (1.0 - (double)pc.m.recomputed_tokens / std::max(1L, rec.m.recomputed_tokens)), pre,
-                  pct_change(rec.m.useful_tok_per_s(), pc.m.useful_tok_per_s(), noise).c_str());
+    if (pc.m.recomputed_tokens < rec.m.recomputed_tokens)
+        std::snprintf(b, sizeof b,
+                      "prefix caching: resumed victims found %ld tokens of their own blocks still cached, so recompute fell from %ld "
+                      "to %ld tokens (%.0f%% less) with %s; useful tok/s %s",
+                      pc.m.prefix_cache_hits, rec.m.recomputed_tokens, pc.m.recomputed_tokens,
+                      100.0 * (1.0 - (double)pc.m.recomputed_tokens / std::max(1L, rec.m.recomputed_tokens)), pre,
+                      pct_change(rec.m.useful_tok_per_s(), pc.m.useful_tok_per_s(), noise).c_str());
+    else
+        std::snprintf(b, sizeof b,
+                      "prefix caching: resumed victims found %ld tokens of their own blocks still cached, and recompute did not "
+                      "fall (%ld tokens against %ld, with %s)%s",
+                      pc.m.prefix_cache_hits, pc.m.recomputed_tokens, rec.m.recomputed_tokens, pre,
+                      pc.m.prefix_cache_hits == 0 ? ": every victim's blocks had been reused by others before it came back" : "");
     out.push_back(b);
 
     std::snprintf(b, sizeof b,

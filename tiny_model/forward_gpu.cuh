@@ -38,7 +38,18 @@ namespace pkv {
 // 1. Kernels
 // ============================================================================
 
+// A note on the launch shapes below. Most kernels use one thread block per
+// token (grid = T) with a block-strided loop over the row: a row of a tiny
+// model is a few hundred floats, far fewer than a GPU could spread over many
+// blocks, and one block per row keeps each kernel obviously correct. With
+// T = 1 (decode) that leaves most of a GPU idle; for a tiny model the launch
+// overhead (a few microseconds each, ~15 launches per layer) dominates
+// anyway. A production engine fuses these small kernels (RMSNorm into the
+// GEMM that follows, RoPE into reshape_and_cache) and captures the whole step
+// in a CUDA graph; we keep them separate so each can be read and tested alone.
+
 // grid (T), block (128): x[t] = embedding row of token t.
+// Consecutive threads copy consecutive floats: coalesced reads and writes.
 static __global__ void embedding_kernel(float* x, const float* emb, const int32_t* tokens, int dim) {
     const float* row = emb + (size_t)tokens[blockIdx.x] * dim;  // [dim]
     for (int i = threadIdx.x; i < dim; i += blockDim.x) x[(size_t)blockIdx.x * dim + i] = row[i];
@@ -126,6 +137,8 @@ static __global__ void gemm_kernel(float* out, const float* x, const float* W, i
     }
 }
 
+// Host side: the grid covers d outputs in groups of 128 and T tokens in
+// groups of 4; the last group of each may be partial (the kernel guards it).
 inline void gemm(float* out, const float* x, const float* W, int T, int n, int d) {
     const size_t smem = (size_t)(kGemmRows * (kGemmK + 1) + kGemmTokens * kGemmK) * sizeof(float);
     launch(gemm_kernel, dim3((d + kGemmRows - 1) / kGemmRows, (T + kGemmTokens - 1) / kGemmTokens), dim3(kGemmRows), smem, out,
@@ -134,6 +147,11 @@ inline void gemm(float* out, const float* x, const float* W, int T, int n, int d
 
 // grid (T), block (128): rotate q's and k's pairs with the host-made table
 // cs [T, head_dim / 2, 2] of (cos, sin).
+// Why a table from the host instead of cosf/sinf on the device? CUDA's
+// transcendental functions are accurate to a few ulp but are not glibc's, so
+// device-computed angles would differ from the CPU path in the last bits.
+// The table costs T * head_dim floats per step and makes RoPE bit-identical.
+// One thread rotates one (even, odd) pair; q's pairs come first, then k's.
 static __global__ void rope_kernel(float* q, float* k, const float* cs, int q_dim, int k_dim, int head_dim) {
     const int t = blockIdx.x, half = head_dim / 2;
     const float* cst = cs + (size_t)t * half * 2;
@@ -146,6 +164,9 @@ static __global__ void rope_kernel(float* q, float* k, const float* cs, int q_di
 }
 
 // grid (ceil(n / 256)), block (256): hb = silu(hb) * hb2, elementwise.
+// The one place the model calls expf on the device: on a GPU this is CUDA's
+// expf, not glibc's, which is why GPU logits match the CPU's only to ~1e-6
+// relative; emulated it is glibc's and the match is exact.
 static __global__ void swiglu_kernel(float* hb, const float* hb2, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -155,6 +176,7 @@ static __global__ void swiglu_kernel(float* hb, const float* hb2, int n) {
 }
 
 // grid (ceil(n / 256)), block (256): x += y (the residual connections).
+// A flat index over [T, dim]: elementwise kernels do not care about rows.
 static __global__ void add_kernel(float* x, const float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
@@ -191,6 +213,7 @@ static __global__ void argmax_kernel(int32_t* out, const float* logits, int V) {
     if (tid == 0) out[blockIdx.x] = sidx[0];
 }
 
+// Host side: one block per logits row; shared memory holds 256 (value, index) pairs.
 inline void argmax_rows(int32_t* out, const float* logits, int rows, int V) {
     launch(argmax_kernel, dim3(rows), dim3(kArgmaxThreads), kArgmaxThreads * (sizeof(float) + sizeof(int32_t)), out, logits, V);
 }
@@ -200,6 +223,11 @@ inline void argmax_rows(int32_t* out, const float* logits, int rows, int V) {
 // ============================================================================
 
 // What the engine needs from a model: run a flat batch, give back logits.
+// Everything above this interface (scheduler, pool, metrics) is the same for
+// every device; everything below it owns the weights and the KV cache memory.
+// The block *ids* live in the scheduler; the block *contents* live here. That
+// split is what lets swap work: the scheduler decides which block goes to
+// which host slot, the runner moves the bytes.
 struct ModelRunner {
     virtual ~ModelRunner() = default;
     // Fills logits [num_logits, vocab_size] for the batch's logits_indices.
@@ -245,7 +273,9 @@ inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t blo
     if (out) copy(hs, sc, n); else copy(sc, hs, n);
 }
 
-// The CPU forward with a KV cache of its own.
+// The CPU forward with a KV cache of its own (host memory, any dtype). Its
+// "swap" is a memcpy between the cache and a host array: the same bookkeeping
+// as on a GPU, without the PCIe link that makes swapping expensive there.
 class CpuRunner : public ModelRunner {
 public:
     CpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
@@ -271,7 +301,12 @@ private:
     std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
 };
 
-// The kernel path: weights and KV cache in device memory.
+// The kernel path: weights and KV cache in device memory (host memory when
+// emulated). All weights are uploaded once, at construction; per step only
+// the batch (token ids, positions, slot_mapping, block tables: a few KB) goes
+// up and the logits (or just the argmax) come back. Activation buffers grow
+// to the largest batch seen and are reused, so a steady decode loop
+// allocates nothing.
 class GpuRunner : public ModelRunner {
 public:
     GpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
@@ -344,6 +379,8 @@ private:
             if (b.token_ids[t] < 0 || b.token_ids[t] >= V || b.positions[t] < 0 || b.positions[t] >= c.seq_len)
                 throw std::out_of_range("forward: token id or position out of range");
         // The batch, and RoPE's (cos, sin) table made by the CPU's own function.
+        // Uploads are synchronous copies of a few kilobytes; on a real engine
+        // they would go through a pinned staging buffer and one async copy.
         std::vector<float> cs((size_t)T * hd);  // [T, hd / 2, 2]
         for (int t = 0; t < T; ++t)
             for (int i = 0; i < hd; i += 2) rope_cos_sin(b.positions[t], i, hd, cs[(size_t)t * hd + i], cs[(size_t)t * hd + i + 1]);
@@ -355,6 +392,12 @@ private:
         hb_.reserve((size_t)T * H); hb2_.reserve((size_t)T * H);
         xl_.reserve((size_t)NL * D); logits_.reserve((size_t)NL * V);
 
+        // From here on every line is one launch, in the order of forward_cpu.hpp's
+        // loop body; reading the two side by side is the best way to check
+        // that the kernel path computes the same model. All launches go to the
+        // default stream, so each starts after the previous one finished, and
+        // nothing in this function waits for the GPU: the only host-device
+        // synchronisation of a step is the download of the logits at the end.
         launch(embedding_kernel, dim3(T), dim3(128), 0, x_.data(), emb_.data(), tokens_.data(), D);
         const AttentionShape shape{c.n_heads, c.n_kv_heads, hd, geo_.block_size, b.max_blocks_per_seq};
         const int elt_blocks_d = (T * D + 255) / 256, elt_blocks_h = (T * H + 255) / 256;
@@ -365,6 +408,10 @@ private:
             gemm(k_.data(), xb_.data(), wk_.data() + (size_t)l * KV * D, T, D, KV);
             gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
             launch(rope_kernel, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
+            // The only write to the KV cache, then the only read: exactly the
+            // pair of kernels vLLM has (reshape_and_cache, paged_attention).
+            // Both go through block tables and slot_mapping, never through a
+            // contiguous per-sequence buffer.
             reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T);
             paged_attention(att_.data(), q_.data(), kc, vc, tables_.data(), token_seq_.data(), positions_.data(), T, shape);
             gemm(xb_.data(), att_.data(), wo_.data() + (size_t)l * D * D, T, D, D);
@@ -376,6 +423,10 @@ private:
             gemm(xb_.data(), hb_.data(), w2_.data() + (size_t)l * D * H, T, H, D);
             launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
         }
+        // Logits only for the rows that want them (the last token of each
+        // sequence that reaches its end this step): for a 256-token prefill
+        // chunk that is one classifier row instead of 256. The rows index
+        // array lets the final RMSNorm gather them without a copy.
         launch(rmsnorm_kernel, dim3(NL), dim3(128), 0, xl_.data(), x_.data(), rms_final_.data(), (const int32_t*)logit_rows_.data(), D);
         gemm(logits_.data(), xl_.data(), c.shared_classifier ? emb_.data() : wcls_.data(), NL, D, V);
     }
@@ -395,6 +446,9 @@ private:
     PinnedHostBuffer swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
 };
 
+// Where a model runs. One enum for the three, so examples and the engine
+// parse a single --device option; which two of the three a binary can run
+// depends on how it was compiled (see make_model_runner).
 enum class Device { kCpu, kEmulated, kCuda };
 
 inline const char* to_string(Device d) {

@@ -30,7 +30,7 @@ endif
 SANFLAGS ?=
 CXXFLAGS += $(SANFLAGS)
 
-HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh)
+HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp)
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))

@@ -275,6 +275,7 @@ int main(int argc, char** argv) {
     }
     const std::vector<std::string> conclusion = conclude(rows);
     const double load_end = study::load_average();
+    const std::string warning = study::busy_warning(load, load_end);
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -287,6 +288,7 @@ int main(int argc, char** argv) {
                                 .integer("repeat", o.repeat)
                                 .num("load_average_start", load)
                                 .num("load_average_end", load_end)
+                                .str("warning", warning)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -301,6 +303,7 @@ int main(int argc, char** argv) {
                 w.requests, w.prompt_len, w.max_tokens, w.num_blocks, w.block_size, w.num_blocks * w.block_size,
                 pkv::to_string(w.device), study::cpu_threads(), load, load_end,
                 o.repeat > 1 ? (", fastest of " + std::to_string(o.repeat) + " runs per point").c_str() : "");
+    if (!warning.empty()) std::printf("%s\n\n", warning.c_str());
     std::printf("%8s %7s %8s %9s %7s %7s %10s %8s %8s %5s %9s %6s %6s\n", "max_num", "req/s", "useful", "processed", "useful",
                 "preempt", "recomputed", "ITL p50", "ITL p99", "peak", "useful", "steps", "wall");
     std::printf("%8s %7s %8s %9s %7s %7s %10s %8s %8s %5s %9s %6s %6s\n", "_seqs", "", "tok/s", "tok/s", "share", "", "tokens", "ms",

@@ -295,6 +295,7 @@ int main(int argc, char** argv) {
     }
     const std::vector<std::string> conclusion = conclude(rows);
     const double load_end = study::load_average();
+    const std::string warning = study::busy_warning(load, load_end);
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -316,6 +317,7 @@ int main(int argc, char** argv) {
                                 .integer("repeat", o.repeat)
                                 .num("load_average_start", load)
                                 .num("load_average_end", load_end)
+                                .str("warning", warning)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -330,6 +332,7 @@ int main(int argc, char** argv) {
                 w.requests, w.prompt_len, w.max_tokens, w.arrival_interval, w.num_blocks, w.block_size, w.max_num_seqs,
                 pkv::to_string(w.device), study::cpu_threads(), load, load_end,
                 o.repeat > 1 ? (", fastest of " + std::to_string(o.repeat) + " runs per row").c_str() : "");
+    if (!warning.empty()) std::printf("%s\n\n", warning.c_str());
     std::printf("%-19s %5s %5s %8s %7s %10s %8s %8s %8s %8s %8s %7s %6s %6s\n", "fix", "done", "rej", "useful", "preempt",
                 "recomputed", "ITL p99", "ITL p99", "ITL max", "e2e p99", "e2e p99", "peak", "steps", "wall");
     std::printf("%-19s %5s %5s %8s %7s %10s %8s %8s %8s %8s %8s %7s %6s %6s\n", "", "", "", "tok/s", "", "tokens", "ms", "steps",

@@ -369,8 +369,8 @@ std::vector<std::string> conclude(const Options& o, const Results& R) {
     const bool on_cpu = o.setup.device == pkv::Device::kCpu;
     if (!on_cpu) {
         std::snprintf(b, sizeof b,
-                      "this run used --device %s: every swap went through that device's runner (one synchronous copy per block, "
-                      "layer and K/V), so the rows' wall times include the copies; the %.1f GB/s printed above is host memcpy only, "
+                      "this run used --device %s: every swap went through that device's runner (one copy per block, layer and "
+                      "K/V, all finished before the step's forward pass), so the rows' wall times include the copies; the %.1f GB/s printed above is host memcpy only, "
                       "not that path, and the built-in model is far too small for its times to stand for a large one",
                       pkv::to_string(o.setup.device), R.copy.gb_per_s);
         out.push_back(b);
@@ -387,13 +387,13 @@ std::vector<std::string> conclude(const Options& o, const Results& R) {
     }
     const double tokens_per_gb = 1e9 / (2.0 * (double)R.kv_bytes_per_token);
     std::snprintf(b, sizeof b,
-                  "%s On cost alone (no overlap of copies with compute), swapping a token moves its K/V out and back, "
+                  "%s (no overlap of copies with compute), swapping a token moves its K/V out and back, "
                   "2 x %ld bytes for this model, so each GB/s of link carries ~%.0f tokens/s: swap is cheaper while the GPU "
                   "recomputes this model slower than (link GB/s) x %.0f tokens/s, recompute above that. A model with more KV "
                   "bytes per token lowers that line (favours recompute); one with more compute per token favours swap",
                   on_cpu ? "what it cannot show: on a GPU the copy crosses PCIe and the recompute runs on the GPU, and this run "
-                           "measures neither."
-                         : "the general rule:",
+                           "measures neither. On cost alone"
+                         : "the general rule, on cost alone",
                   R.kv_bytes_per_token, tokens_per_gb, tokens_per_gb);
     out.push_back(b);
     return out;
@@ -428,16 +428,22 @@ void write_svg(const Options& o, const Results& R) {
     a.series = {rt, mb, fb};
     fig.add(a);
     svg::Chart t = a;
-    t.title = "Throughput and pauses (wall clock, " + std::to_string(study::cpu_threads()) + " CPU threads)";
-    t.y_label = "tok/s | ms";
-    svg::Series useful{"useful tok/s", {}, {}}, proc{"processed tok/s", {}, {}}, p99{"ITL p99 (ms)", {}, {}};
+    t.title = "Throughput (wall clock, " + std::to_string(study::cpu_threads()) + " CPU thread(s))";
+    t.y_label = "tokens per second";
+    svg::Series useful{"useful tok/s", {}, {}}, proc{"processed tok/s", {}, {}}, p99{"ITL p99", {}, {}};
     for (const Row& r : R.main) {
         useful.y.push_back(r.m.useful_tok_per_s());
         proc.y.push_back(r.m.processed_tok_per_s());
         p99.y.push_back(1e3 * r.m.itl_wall.percentile(99));
     }
-    t.series = {useful, proc, p99};
+    t.series = {useful, proc};
     fig.add(t);
+    svg::Chart l = t;
+    l.title = "Pauses: inter-token latency p99 (wall clock)";
+    l.y_label = "milliseconds";
+    l.series = {p99};
+    l.height = 260;
+    fig.add(l);
 
     // 2. With the output length: recomputed tokens and MB copied, per mode.
     if (!R.sweep.empty()) {
@@ -529,6 +535,7 @@ int main(int argc, char** argv) {
                        "): raise --num-blocks or lower --max-tokens");
 
     Results R;
+    const double load = study::load_average();  // before the runs; load_end after them
     R.kv_bytes_per_token = 2L * mt.model.cfg.n_layers * mt.model.cfg.kv_dim() * (long)sizeof(float);
     if (!run_modes(mt, o.setup, o, R.main)) return 1;
     for (int len : o.lengths) {
@@ -543,6 +550,8 @@ int main(int argc, char** argv) {
         R.sweep.push_back(std::move(rows));
     }
     R.copy = measure_copy_rate(mt.model.cfg, o.setup.block_size, std::max(1L, R.main[2].bytes_moved()));
+    const double load_end = study::load_average();
+    const std::string warning = study::busy_warning(load, load_end);
     const std::vector<std::string> conclusion = conclude(o, R);
     write_svg(o, R);
 
@@ -559,6 +568,9 @@ int main(int argc, char** argv) {
                                 .integer("max_num_seqs", w.max_num_seqs)
                                 .integer("small_swap_pct", o.small_swap_pct)
                                 .integer("repeat", o.repeat)
+                                .num("load_average_start", load)
+                                .num("load_average_end", load_end)
+                                .str("warning", warning)
                                 .num("wall_noise_pct", noise_pct(R))
                                 .integer("kv_bytes_per_token", R.kv_bytes_per_token)
                                 .num("memcpy_gb_per_s", R.copy.gb_per_s)
@@ -574,13 +586,16 @@ int main(int argc, char** argv) {
 
     const double block_mib = (double)R.kv_bytes_per_token * w.block_size / 1048576.0;
     std::printf("preemption study: %d requests x (%d prompt + %d output tokens), all at once; KV cache %d blocks of %d "
-                "(%d tokens, %.2f MiB); max_num_seqs %d, admission bet, victim newest; %s, %d CPU thread(s)\n",
+                "(%d tokens, %.2f MiB); max_num_seqs %d, admission bet, victim newest; %s, %d CPU thread(s), load average %.1f at "
+                "start, %.1f at end%s\n",
                 w.requests, w.prompt_len, w.max_tokens, w.num_blocks, w.block_size, w.num_blocks * w.block_size,
-                w.num_blocks * block_mib, w.max_num_seqs, pkv::to_string(w.device), study::cpu_threads());
+                w.num_blocks * block_mib, w.max_num_seqs, pkv::to_string(w.device), study::cpu_threads(), load, load_end,
+                o.repeat > 1 ? (", fastest of " + std::to_string(o.repeat) + " runs per point").c_str() : "");
     std::printf("swap space: ample = %d blocks (%.1f MiB: every request at its longest), small = %d blocks (%d%% of the KV "
                 "cache); one block = %.0f KiB\n\n",
                 R.main[2].setup.swap_space_blocks, R.main[2].setup.swap_space_blocks * block_mib, R.main[3].setup.swap_space_blocks,
                 o.small_swap_pct, block_mib * 1024);
+    if (!warning.empty()) std::printf("%s\n\n", warning.c_str());
     print_main(R.main);
 
     if (!R.sweep.empty()) {

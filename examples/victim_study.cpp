@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
     }
     const std::vector<std::string> conclusion = conclude(rows);
     const double load_end = study::load_average();
+    const std::string warning = study::busy_warning(load, load_end);
     const bool svg_ok = write_svg(o, rows);
 
     if (o.json) {
@@ -227,6 +228,7 @@ int main(int argc, char** argv) {
                                 .integer("max_num_seqs", o.setup.max_num_seqs)
                                 .num("load_average_start", load)
                                 .num("load_average_end", load_end)
+                                .str("warning", warning)
                                 .raw("rows", study::Json::array(jr))
                                 .raw("conclusion", study::Json::array(jc))
                                 .str("svg", o.svg_path)
@@ -240,6 +242,7 @@ int main(int argc, char** argv) {
                 "max_num_seqs %d; %s, %d CPU thread(s), load average %.1f at start, %.1f at end\n",
                 w.requests, w.prompt_len, w.max_tokens, w.num_blocks, w.block_size, w.max_num_seqs, pkv::to_string(w.device),
                 study::cpu_threads(), load, load_end);
+    if (!warning.empty()) std::printf("%s\n\n", warning.c_str());
     std::printf("time in engine steps (deterministic) and in wall-clock ms (this machine, this run)\n\n");
     std::printf("%-8s %7s %18s %6s %7s %10s %8s %8s %8s %8s %8s %9s %8s %7s\n", "policy", "steps", "completed by step", "mean",
                 "preempt", "recomputed", "e2e p99", "ITL p99", "ITL max", "e2e p99", "ITL p99", "useful", "peak", "wall");

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifdef _OPENMP
@@ -377,6 +378,28 @@ inline double load_average() {
     if (std::fscanf(f, "%lf", &v) != 1) v = -1.0;
     std::fclose(f);
     return v;
+}
+
+// A warning when other processes probably competed for the CPU during the
+// runs ("" when not), judged from the load average before and after them.
+// It matters more than it seems: the CPU forward runs one OpenMP thread per
+// core, and each parallel region waits for its slowest thread, so a single
+// other runnable process on a 2-core machine makes steps take whole scheduler
+// time slices. Measured here: at max_num_seqs 4, ITL p50 0.8 ms on an idle
+// machine, 8-12 ms with one busy loop running beside it, and 0.9 ms under
+// that same busy loop with OMP_NUM_THREADS=1. Step counts are unaffected.
+inline std::string busy_warning(double load_start, double load_end) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    // Our own threads add up to `cores` to the 1-minute average (and a study
+    // run just before this one may still show in load_start).
+    if (load_start < 0 || (load_start <= cores && load_end <= cores + 1.0)) return "";
+    char b[400];
+    std::snprintf(b, sizeof b,
+                  "warning: load average %.1f before and %.1f after the runs on %u cores: other processes competed for the "
+                  "CPU, so wall-clock figures (tok/s, ms) are unreliable; step, token and preemption counts are exact. "
+                  "On a shared machine, OMP_NUM_THREADS=1 is steadier",
+                  load_start, load_end, cores);
+    return b;
 }
 
 // A flat JSON object, keys in insertion order. Non-finite numbers become

@@ -211,8 +211,8 @@ std::vector<std::string> conclude(const std::vector<Row>& rows) {
         std::string tput_names, itl_names;
         for (const Row& r : rows) {
             if (!r.measured || r.m.finished != r.m.requests || r.setup.max_tokens != B.setup.max_tokens) continue;
-            if (r.m.useful_tok_per_s() == best_tput) tput_names += (tput_names.empty() ? "" : ", ") + r.name;
-            if (r.m.itl_steps.percentile(99) == best_itl) itl_names += (itl_names.empty() ? "" : ", ") + r.name;
+            if (r.m.useful_tok_per_s() == best_tput) tput_names += (tput_names.empty() ? "" : " / ") + r.name;
+            if (r.m.itl_steps.percentile(99) == best_itl) itl_names += (itl_names.empty() ? "" : " / ") + r.name;
         }
         std::snprintf(b, sizeof b,
                       "of the rows that serve every request in full: highest useful tok/s %s (%.0f); lowest ITL p99 %s (%.0f step%s)",

@@ -142,6 +142,15 @@ std::vector<std::string> conclude(const std::vector<Row>& rows) {
                   "against %d, and finishes at step %.0f against %.0f",
                   R.itl_steps.percentile(99), N.itl_steps.percentile(99), R.peak_running, N.peak_running, R.steps, N.steps);
     out.push_back(b);
+    // Wall clock: one run each, so read small differences as noise.
+    const Row* first = &rows[0];
+    for (const Row& r : rows)
+        if (r.m.wall_s < first->m.wall_s) first = &r;
+    std::snprintf(b, sizeof b,
+                  "wall clock on this machine (one run each; identical schedules differ by 10%% or more between runs here): all done after "
+                  "%.2f s (newest), %.2f s (oldest), %.2f s (reserve), having computed %ld, %ld and %ld tokens; first done: %s",
+                  N.wall_s, O.wall_s, R.wall_s, N.computed_tokens, O.computed_tokens, R.computed_tokens, first->policy->name);
+    out.push_back(b);
     return out;
 }
 

@@ -7,26 +7,40 @@
 //     memory is cudaMalloc'd, copies are cudaMemcpy. Nothing else.
 //   - under g++/clang++: the kernels are plain C++ functions, and `launch(...)`
 //     *emulates* a launch on the CPU. Each thread block runs as blockDim real
-//     std::threads (one per CUDA thread), `__syncthreads()` is a std::barrier,
+//     std::threads (one per CUDA thread), the block barrier is a std::barrier,
 //     and each block gets its own dynamic shared memory. Blocks run one after
 //     another. Device memory is host memory; copies are memcpy.
 //
 // What the emulation models honestly: the thread/block index space, the
 // barrier, per-block shared memory, and real concurrency between the threads of
-// a block -- so a missing __syncthreads() is a real data race that
-// ThreadSanitizer reports (`make tsan`; TUTORIAL.md chapter 10 shows one).
+// a block -- so a missing barrier is a real data race that ThreadSanitizer
+// reports (`make tsan`; TUTORIAL.md's chapter on the CUDA path shows one).
 // What it does not model: timing, warps and their scheduling, memory
 // coalescing, bank conflicts, caches, occupancy, or concurrency *between*
 // blocks. It is for correctness and for stepping through a kernel in gdb, not
-// for speed: a 128-thread block costs ~0.2 ms per __syncthreads on two cores.
+// for speed: every barrier is a round trip through the operating system's
+// scheduler for each of the block's threads.
 //
 // Rules our kernels follow so both worlds agree:
+//   - a kernel is written `template <class = void> PKV_KERNEL void name(...)`
+//     and launched as launch(name<>, ...). PKV_KERNEL is __global__ under nvcc
+//     and nothing under g++. Why a template with nothing to template on? This
+//     header-only project defines every kernel in a header that many .cpp
+//     files include, and a function defined in several files must be inline
+//     or a template. nvcc ignores `inline` on a __global__ function, and a
+//     `static` kernel called from an inline host function gives every file a
+//     different kernel behind the same inline function (a one-definition-rule
+//     violation). A template is the one kind of kernel C++ lets every file
+//     define;
 //   - shared memory is only the dynamic kind, reached through
 //     `shared_memory<T>()` (sized by launch's shared_bytes), never a static
 //     `__shared__` array (which the emulation could not give each block);
+//   - the block barrier is spelled `syncthreads()` (pkv's name for CUDA's
+//     __syncthreads, which the emulation cannot define: names with a double
+//     underscore belong to the compiler);
 //   - no warp intrinsics (shuffles, votes): reductions go through shared memory
-//     with __syncthreads, so the shim has none to emulate;
-//   - every thread of a block reaches every __syncthreads(). CUDA allows the
+//     with syncthreads(), so the shim has none to emulate;
+//   - every thread of a block reaches every syncthreads(). CUDA allows the
 //     barrier in conditional code only when the condition is the same for the
 //     whole block; here a thread that skips one leaves the others waiting
 //     forever, so the mistake shows up as a hang instead of as wrong numbers.
@@ -34,9 +48,9 @@
 // Why a shim and not a second implementation: vLLM runs on CPUs through a
 // separate backend with kernels of its own. We want the opposite trade: one
 // kernel source, so that a test passing on a laptop has run the very index
-// math, tile loops and barriers that nvcc compiles. The price is speed -- in
-// chapter 10's overload run, emulation reached 0.00438x the tokens per second
-// of our plain CPU forward -- and blindness to everything listed above as not
+// math, tile loops and barriers that nvcc compiles. The price is speed --
+// emulation runs hundreds of times slower than our plain CPU forward (the
+// TUTORIAL measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
 // Sections: 1. real CUDA (thin wrappers)  2. the emulation  3. DeviceBuffer,
@@ -59,6 +73,18 @@
 #include <memory>
 #include <semaphore>
 #include <thread>
+#endif
+
+// Functions that both the host and a kernel call are marked PKV_HD: under
+// nvcc `__host__ __device__`, under g++/clang++ nothing, so the very same
+// index math compiles into plain C++. PKV_KERNEL marks a kernel (see the rules
+// above). These two macros are the only keywords the shim adds.
+#ifdef __CUDACC__
+#define PKV_HD __host__ __device__
+#define PKV_KERNEL __global__
+#else
+#define PKV_HD
+#define PKV_KERNEL
 #endif
 
 namespace pkv {
@@ -107,6 +133,8 @@ __device__ inline T* shared_memory() {
     extern __shared__ unsigned char pkv_dynamic_smem[];
     return reinterpret_cast<T*>(pkv_dynamic_smem);
 }
+// The block barrier, under pkv's name (see the rules at the top).
+__device__ __forceinline__ void syncthreads() { __syncthreads(); }
 
 // An empty grid returns at once: CUDA rejects a zero-sized grid as an invalid
 // configuration, while for us a batch with nothing in it is normal
@@ -129,6 +157,12 @@ inline void* device_malloc(size_t bytes) {
     return p;
 }
 inline void device_free(void* p) { cudaFree(p); }
+// Free device memory in bytes, what a KV cache may still take.
+inline uint64_t device_memory_free() {
+    size_t free_b = 0, total_b = 0;
+    cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return free_b;
+}
 inline void copy_to_device(void* dst, const void* src, size_t bytes) {
     cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
@@ -158,12 +192,10 @@ inline void copy_async(void* dst, const void* src, size_t bytes) {
 // 2. Emulated CUDA on the CPU
 // ============================================================================
 
-// The CUDA keywords vanish: a __global__ kernel becomes an ordinary function,
-// a __device__ helper an ordinary inline one. That is all it takes for g++ to
+// PKV_KERNEL is empty here, so a kernel is an ordinary function template and
+// PKV_HD helpers ordinary inline functions. That is all it takes for g++ to
 // compile kernel source; the rest of this section gives those functions the
 // world they expect: built-in indices, a barrier, shared memory, a launch.
-#define __global__
-#define __device__
 
 // CUDA's dim3, with its defaults of 1: dim3(T) is a one-dimensional grid of T.
 // It lives in namespace pkv (CUDA's is global), which is why test_kernels.cpp
@@ -192,11 +224,12 @@ inline thread_local std::barrier<>* block_barrier = nullptr;  // this block's __
 inline thread_local unsigned char* block_shared = nullptr;    // this block's shared memory
 }  // namespace emu
 
-// All blockDim threads arrive before any leaves: CUDA's contract. The barrier
-// also orders memory: every write made before it is visible to every thread
-// after it, the other half of what __syncthreads() promises, and the half
-// ThreadSanitizer checks (chapter 10 deletes one barrier and gets its report).
-inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+// __syncthreads(): all blockDim threads arrive before any leaves, CUDA's
+// contract. The barrier also orders memory: every write made before it is
+// visible to every thread after it, the other half of what __syncthreads()
+// promises, and the half ThreadSanitizer checks (the TUTORIAL's TSan section
+// deletes one barrier and gets its report).
+inline void syncthreads() { emu::block_barrier->arrive_and_wait(); }
 
 template <class T>
 inline T* shared_memory() {
@@ -280,12 +313,20 @@ inline ThreadPool& pool() {
 // order. kernel(args...) copies the arguments into the kernel's by-value
 // parameters, one private copy per thread, as a GPU gives every thread the
 // launch's parameters.
+// CUDA's launch limits are checked here because nothing else would: a launch
+// that the emulation ran happily must not fail on the first real GPU. The
+// shared-memory limit is the 48 KiB every GPU grants without an opt-in
+// (cudaFuncSetAttribute), which our kernels never ask for.
+constexpr size_t kMaxSharedBytes = 48 * 1024;
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
-    const unsigned nthreads = block.x * block.y * block.z;
-    // CUDA's limit on threads per block, checked here because nothing else would.
-    if (nthreads == 0 || nthreads > 1024) throw std::invalid_argument("launch: block must have 1..1024 threads");
-    const unsigned nblocks = grid.x * grid.y * grid.z;
+    const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
+    if (nthreads == 0 || nthreads > 1024 || block.z > 64) throw std::invalid_argument("launch: a block must have 1..1024 threads (z at most 64)");
+    if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        throw std::invalid_argument("launch: grid is larger than CUDA allows (x < 2^31, y and z <= 65535)");
+    if (shared_bytes > kMaxSharedBytes)
+        throw std::invalid_argument("launch: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory; more than 48 KiB needs an opt-in");
+    const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     if (nblocks == 0) return;
     std::vector<unsigned char> shared(shared_bytes + 16, 0xFF);  // [shared_bytes] (+16: never a null pointer)
     std::barrier<> sync_bar((std::ptrdiff_t)nthreads);                                   // __syncthreads
@@ -296,13 +337,13 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
         gridDim = grid;
         emu::block_barrier = &sync_bar;
         emu::block_shared = shared.data();
-        for (unsigned b = 0; b < nblocks; ++b) {
-            blockIdx = dim3(b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y));
+        for (unsigned long long b = 0; b < nblocks; ++b) {
+            blockIdx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
             kernel(args...);
             if (shared_bytes > 0) end_bar.arrive_and_wait();
         }
     };
-    emu::pool().run(nthreads, body);
+    emu::pool().run((unsigned)nthreads, body);
 }
 
 // Device memory is host memory. A kernel reads it as on a GPU, but so could
@@ -311,6 +352,8 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
 // come back only through download().
 inline void* device_malloc(size_t bytes) { return ::operator new(bytes ? bytes : 1); }
 inline void device_free(void* p) { ::operator delete(p); }
+// 0 = "ask the host": emulated device memory is host memory.
+inline uint64_t device_memory_free() { return 0; }
 inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 inline void copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 inline void device_memset(void* dst, int value, size_t bytes) { std::memset(dst, value, bytes); }

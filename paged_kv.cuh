@@ -1,17 +1,17 @@
-// paged_kv.cuh -- chapter 1: paged KV memory.
+// paged_kv.cuh -- chapter 3: paged attention, i.e. where keys and values live
+// and how attention reads them through block tables.
 //
-// This header is everything pagedkv knows about *where keys and values live*:
+// Chapter 1 (block_pool.hpp) decides *which* block a token position uses; this
+// header is about the bytes inside those blocks:
 //
-//   1. the geometry and layout of the KV cache, and the one place that turns a
-//      token position into an address (used by the CPU reference and, later, the
-//      CUDA kernel alike);
-//   2. the block pool: a free list that is also an LRU queue, reference counts,
-//      and an invariant checker the tests call after every step;
-//   3. prefix caching: chained block hashes, a hash -> block map, lazy eviction;
-//   4. block tables: growing a request's table, freeing it tail first;
-//   5. the CPU reference paged attention, which the model uses on the CPU and
+//   1. the geometry and layout of the KV cache, the element types it can be
+//      stored in (f32, f16, int8), and the one place that turns a token
+//      position into an address (used by the CPU reference and the CUDA
+//      kernels alike);
+//   2. the KV cache in host memory (what the CPU forward pass uses);
+//   3. the CPU reference paged attention, which the model uses on the CPU and
 //      which is the oracle every faster kernel is tested against;
-//   6. the CUDA kernels: reshape_and_cache and paged_attention (they also run
+//   4. the CUDA kernels: reshape_and_cache and paged_attention (they also run
 //      on the CPU, emulated, through cuda_shim.hpp).
 //
 // Read it top to bottom; each section only uses what came before it.
@@ -21,21 +21,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cuda_shim.hpp"
-
-// Functions that both the CPU and a CUDA kernel call are marked PKV_HD. Under
-// nvcc that is `__host__ __device__`; under g++/clang++ it is nothing, so the very
-// same index math compiles into plain C++.
-#ifdef __CUDACC__
-#define PKV_HD __host__ __device__
-#else
-#define PKV_HD
-#endif
 
 namespace pkv {
 
@@ -43,10 +34,10 @@ namespace pkv {
 // 1. Geometry, layout and the address of a K/V vector
 // ============================================================================
 //
-// The cache is cut into fixed-size *blocks* of `block_size` token positions.
-// A sequence never owns contiguous memory; it owns a list of block ids, its
-// *block table*. Position p of a sequence lives in logical block p / block_size,
-// which the block table maps to some physical block anywhere in the pool:
+// The cache is cut into fixed-size *blocks* of `block_size` token positions,
+// and a sequence's *block table* (chapter 1) lists the physical blocks that
+// hold its positions. Position p lives in logical block p / block_size, which
+// the block table maps to some physical block anywhere in the pool:
 //
 //   sequence positions   0 1 2 3 | 4 5 6 7 | 8 9            (block_size = 4)
 //   logical block        ---0--- | ---1--- | -2-
@@ -97,13 +88,13 @@ struct KVGeometry {
     int head_dim = 0;
     KVDtype dtype = KVDtype::kF32;
 
-    // Elements (floats when dtype is f32) in one token slot (all kv heads) and in one block.
-    size_t floats_per_slot() const { return (size_t)num_kv_heads * head_dim; }
-    size_t floats_per_block() const { return (size_t)block_size * floats_per_slot(); }
+    // Elements (of dtype) in one token slot (all kv heads) and in one block.
+    size_t elems_per_slot() const { return (size_t)num_kv_heads * head_dim; }
+    size_t elems_per_block() const { return (size_t)block_size * elems_per_slot(); }
     // Elements of K (or of V) for one layer: [num_blocks, block_size, num_kv_heads, head_dim].
-    size_t floats_per_layer() const { return (size_t)num_blocks * floats_per_block(); }
+    size_t elems_per_layer() const { return (size_t)num_blocks * elems_per_block(); }
     // Bytes of K (or V) data, and of int8 scales, for one block of one layer.
-    size_t data_bytes_per_block() const { return floats_per_block() * kv_dtype_bytes(dtype); }
+    size_t data_bytes_per_block() const { return elems_per_block() * kv_dtype_bytes(dtype); }
     size_t scales_per_block() const { return dtype == KVDtype::kInt8 ? (size_t)block_size * num_kv_heads : 0; }
     // Everything one block holds: every layer, K and V, data and scales. What
     // a swap copies, and what a byte budget is divided by.
@@ -111,11 +102,6 @@ struct KVGeometry {
         return 2 * (size_t)num_layers * (data_bytes_per_block() + scales_per_block() * sizeof(float));
     }
 };
-
-// Number of blocks needed to hold `num_tokens` positions.
-PKV_HD inline int blocks_for_tokens(int num_tokens, int block_size) {
-    return (num_tokens + block_size - 1) / block_size;
-}
 
 // The slot of position `pos` of a sequence whose block table is `block_table`.
 // This is the only place in pagedkv that maps a position to memory.
@@ -208,369 +194,45 @@ PKV_HD inline void kv_store(const KVView& v, int64_t slot, int h, const float* x
     }
 }
 
-// The KV cache in host memory: per layer, K and V data of geo.dtype, plus
-// int8 scales. Data is kept in float-sized words so f32 code can address it
-// as floats: [num_layers, words per layer].
+// ============================================================================
+// 2. The KV cache in host memory
+// ============================================================================
+//
+// What the CPU forward pass reads and writes (the kernel path keeps the same
+// layout in device memory, tiny_model/forward_gpu.cuh). The data is raw bytes,
+// not floats: an f16 or int8 cache is not an array of floats, and reading one
+// through a float pointer would break C++'s aliasing rules. Only kv_load and
+// kv_store (section 1) know what the bytes mean.
+
 struct KVCache {
     KVGeometry geo;
-    std::vector<float> k;  // [num_layers, num_blocks, block_size, num_kv_heads, head_dim] elements of geo.dtype
-    std::vector<float> v;  // (f16 and int8 pack 2 and 4 elements into each float-sized word)
+    // [num_layers, layer_bytes]: per layer [num_blocks, block_size, num_kv_heads, head_dim] elements of geo.dtype
+    std::vector<std::byte> k, v;
     std::vector<float> k_scale, v_scale;  // [num_layers, num_blocks, block_size, num_kv_heads], int8 only
 
     KVCache() = default;
     explicit KVCache(const KVGeometry& g)
-        : geo(g), k((size_t)g.num_layers * layer_words(g)), v(k.size()),
+        : geo(g), k((size_t)g.num_layers * layer_bytes(g)), v(k.size()),
           k_scale((size_t)g.num_layers * g.num_blocks * g.scales_per_block()), v_scale(k_scale.size()) {}
 
-    // Float-sized words of data per layer.
-    static size_t layer_words(const KVGeometry& g) { return (g.floats_per_layer() * kv_dtype_bytes(g.dtype) + 3) / 4; }
-    float* k_layer(int layer) { return k.data() + (size_t)layer * layer_words(geo); }
-    float* v_layer(int layer) { return v.data() + (size_t)layer * layer_words(geo); }
+    // Bytes of K (or V) data per layer, rounded up to 16 so that every layer
+    // starts 16-byte aligned, as the kernels' vector loads need.
+    static size_t layer_bytes(const KVGeometry& g) { return (g.elems_per_layer() * kv_dtype_bytes(g.dtype) + 15) / 16 * 16; }
+    std::byte* k_layer(int layer) { return k.data() + (size_t)layer * layer_bytes(geo); }
+    std::byte* v_layer(int layer) { return v.data() + (size_t)layer * layer_bytes(geo); }
     KVView k_view(int layer) { return view(k_layer(layer), k_scale, layer); }
     KVView v_view(int layer) { return view(v_layer(layer), v_scale, layer); }
-    size_t bytes() const { return (k.size() + v.size() + k_scale.size() + v_scale.size()) * sizeof(float); }
+    size_t bytes() const { return k.size() + v.size() + (k_scale.size() + v_scale.size()) * sizeof(float); }
 
 private:
-    KVView view(float* data, std::vector<float>& scales, int layer) {
+    KVView view(std::byte* data, std::vector<float>& scales, int layer) {
         float* sc = scales.empty() ? nullptr : scales.data() + (size_t)layer * geo.num_blocks * geo.scales_per_block();
         return KVView{geo.dtype, data, sc, geo.num_kv_heads, geo.head_dim};
     }
 };
 
 // ============================================================================
-// 2. The block pool: free list = LRU queue, reference counts, invariants
-// ============================================================================
-//
-// Every physical block is in exactly one of two states:
-//   - referenced: ref_cnt > 0, held by that many block tables (more than one only
-//     when prefix caching shares a prompt prefix);
-//   - free: ref_cnt == 0 and linked into the free list.
-//
-// The free list is a doubly linked list threaded *through the blocks themselves*
-// (prev/next ids inside each block), as in vLLM V1's FreeKVCacheBlockQueue. Why
-// intrusive and doubly linked? With prefix caching a free block may still hold
-// useful cached tokens; when a new request hits it, we must pull that block out
-// of the *middle* of the free list in O(1). A std::deque cannot do that.
-//
-// The list is also the eviction order: allocation pops from the head (the least
-// recently freed block), frees append to the tail. A request's blocks are freed
-// tail first (last logical block first), so when they are later evicted, the
-// tail of a prompt goes before its head -- and heads are what other requests
-// share. That is vLLM V1's order too.
-
-struct KVBlock {
-    int32_t ref_cnt = 0;
-    // Prefix caching (section 3): set once the block is full and hashed. The hash
-    // survives the block going back to the free list ("lazy eviction") and is
-    // dropped only when the block is handed out again.
-    bool has_hash = false;
-    uint64_t block_hash = 0;
-    uint64_t parent_hash = 0;     // hash of the previous block of the same chain
-    std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
-    // Free-list links (block ids), -1 at the ends or when not in the list.
-    int32_t prev_free = -1;
-    int32_t next_free = -1;
-    bool in_free_list = false;
-};
-
-class BlockPool {
-public:
-    BlockPool() = default;
-    BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
-        : block_size_(block_size), prefix_caching_(enable_prefix_caching), blocks_(num_blocks) {
-        // Initially every block is free, in id order.
-        for (int32_t b = 0; b < num_blocks; ++b) push_free_tail(b);
-    }
-
-    int num_blocks() const { return (int)blocks_.size(); }
-    int block_size() const { return block_size_; }
-    int num_free_blocks() const { return num_free_; }
-    bool prefix_caching() const { return prefix_caching_; }
-    const KVBlock& block(int32_t id) const { return blocks_[id]; }
-    int32_t free_list_head() const { return free_head_; }
-
-    // vLLM's gauge: fraction of blocks held by some request. Free blocks that
-    // still carry a cached hash count as free (they can be taken any time).
-    double kv_cache_usage_perc() const {
-        return blocks_.empty() ? 0.0 : 1.0 - (double)num_free_ / (double)blocks_.size();
-    }
-
-    // Take `n` blocks from the head of the free list (least recently freed first).
-    // All or nothing: returns false and changes nothing when fewer than n are free.
-    // O(1) per block.
-    bool allocate(int n, std::vector<int32_t>& out) {
-        if (n > num_free_) return false;
-        for (int i = 0; i < n; ++i) {
-            int32_t b = free_head_;
-            unlink_free(b);
-            evict_hash(b);  // lazy eviction happens here, at reuse time
-            blocks_[b].ref_cnt = 1;
-            out.push_back(b);
-        }
-        return true;
-    }
-
-    // Take one more reference on blocks found in the prefix cache. A hit on a
-    // free block pulls it out of the middle of the free list (O(1)).
-    void touch(const std::vector<int32_t>& ids) {
-        for (int32_t b : ids) {
-            if (blocks_[b].ref_cnt == 0) unlink_free(b);
-            blocks_[b].ref_cnt++;
-        }
-    }
-
-    // Drop one reference on each block, in the order given. A block whose count
-    // reaches zero goes to the tail of the free list, hash kept. Callers pass a
-    // block table in reverse so that its tail is evicted first (section 4).
-    void release(const std::vector<int32_t>& ids_in_free_order) {
-        for (int32_t b : ids_in_free_order) {
-            if (--blocks_[b].ref_cnt == 0) push_free_tail(b);
-        }
-    }
-
-    // ---- section 3 hooks (prefix caching) ----------------------------------
-
-    // Tests shrink this (e.g. to 0x3) to force hash collisions and exercise the
-    // token-equality guard. 64 bits in normal use.
-    uint64_t hash_mask = ~0ull;
-
-    // Look up a full block with this chained hash whose parent hash and tokens
-    // are exactly these. Returns the block id or -1.
-    int32_t lookup(uint64_t hash, uint64_t parent_hash, const int32_t* tokens) const {
-        auto it = cached_.find(hash);
-        if (it == cached_.end()) return -1;
-        const KVBlock& blk = blocks_[it->second];
-        // The collision guard: equal hashes are not proof of equal contents.
-        if (blk.parent_hash != parent_hash) return -1;
-        if (std::memcmp(blk.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) return -1;
-        return it->second;
-    }
-
-    // Record that block `id` is full and holds `tokens`, with this chained hash.
-    // If another block already holds this hash we keep the older entry (the new
-    // block simply stays uncached): one hash, one block.
-    void cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
-        KVBlock& blk = blocks_[id];
-        if (blk.has_hash || cached_.count(hash)) return;
-        blk.has_hash = true;
-        blk.block_hash = hash;
-        blk.parent_hash = parent_hash;
-        blk.tokens.assign(tokens, tokens + block_size_);
-        cached_[hash] = id;
-    }
-
-    size_t num_cached_blocks() const { return cached_.size(); }
-
-    // ---- invariants ----------------------------------------------------------
-
-    // Check the pool against the block tables that are supposed to be its only
-    // users. Returns "" when consistent, else a description of the first
-    // violation. Tests call this after every engine step.
-    //   - every block is free xor referenced (in_free_list <=> ref_cnt == 0);
-    //   - each ref_cnt equals the number of block tables holding the block;
-    //   - the free list is a well-formed chain of num_free_ distinct blocks;
-    //   - no table holds a block twice; every hash map entry points at a block
-    //     that carries that hash.
-    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& tables) const {
-        const int n = num_blocks();
-        std::vector<int> holders(n, 0);
-        for (size_t t = 0; t < tables.size(); ++t) {
-            std::vector<char> in_this(n, 0);
-            for (int32_t b : *tables[t]) {
-                if (b < 0 || b >= n) return "table " + std::to_string(t) + " holds invalid block " + std::to_string(b);
-                if (in_this[b]) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
-                in_this[b] = 1;
-                holders[b]++;
-            }
-        }
-        for (int b = 0; b < n; ++b) {
-            const KVBlock& blk = blocks_[b];
-            if (blk.ref_cnt != holders[b])
-                return "block " + std::to_string(b) + " ref_cnt " + std::to_string(blk.ref_cnt) + " but held by " +
-                       std::to_string(holders[b]) + " tables";
-            if (blk.in_free_list != (blk.ref_cnt == 0))
-                return "block " + std::to_string(b) + " free-list membership disagrees with ref_cnt";
-        }
-        std::vector<char> seen(n, 0);
-        int count = 0;
-        int32_t prev = -1;
-        for (int32_t b = free_head_; b != -1; b = blocks_[b].next_free) {
-            if (b < 0 || b >= n || seen[b]) return "free list is corrupt (cycle or bad id) at block " + std::to_string(b);
-            if (blocks_[b].prev_free != prev) return "free list back link broken at block " + std::to_string(b);
-            if (!blocks_[b].in_free_list) return "block " + std::to_string(b) + " linked but not marked free";
-            seen[b] = 1;
-            prev = b;
-            ++count;
-        }
-        if (prev != free_tail_) return "free list tail pointer is wrong";
-        if (count != num_free_) return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(num_free_);
-        for (const auto& [h, b] : cached_)
-            if (!blocks_[b].has_hash || blocks_[b].block_hash != h) return "hash map entry points at block " + std::to_string(b) + " without that hash";
-        return "";
-    }
-
-private:
-    void push_free_tail(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        blk.prev_free = free_tail_;
-        blk.next_free = -1;
-        if (free_tail_ != -1) blocks_[free_tail_].next_free = b; else free_head_ = b;
-        free_tail_ = b;
-        blk.in_free_list = true;
-        ++num_free_;
-    }
-    void unlink_free(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        if (blk.prev_free != -1) blocks_[blk.prev_free].next_free = blk.next_free; else free_head_ = blk.next_free;
-        if (blk.next_free != -1) blocks_[blk.next_free].prev_free = blk.prev_free; else free_tail_ = blk.prev_free;
-        blk.prev_free = blk.next_free = -1;
-        blk.in_free_list = false;
-        --num_free_;
-    }
-    void evict_hash(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        if (!blk.has_hash) return;
-        auto it = cached_.find(blk.block_hash);
-        if (it != cached_.end() && it->second == b) cached_.erase(it);
-        blk.has_hash = false;
-        blk.tokens.clear();
-    }
-
-    int block_size_ = 0;
-    bool prefix_caching_ = false;
-    std::vector<KVBlock> blocks_;                   // [num_blocks]
-    std::unordered_map<uint64_t, int32_t> cached_;  // chained hash -> block id
-    int32_t free_head_ = -1, free_tail_ = -1;
-    int num_free_ = 0;
-};
-
-// ============================================================================
-// 3. Prefix caching: chained hashes of full blocks
-// ============================================================================
-//
-// A full block is identified by hash(parent block's hash, its block_size tokens).
-// Chaining makes the hash name the whole prefix, not just this block: two
-// requests that share tokens 32..47 but not 0..31 must not share block 2.
-// Only full blocks are hashed -- a partial tail block is still being written.
-//
-// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
-// hash of a Python tuple. Whatever the function, collisions are possible, which
-// is why BlockPool::lookup also compares parent hash and tokens.
-
-inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
-    uint64_t h = 1469598103934665603ull ^ parent_hash;
-    for (int i = 0; i < block_size; ++i) {
-        h ^= (uint32_t)tokens[i];
-        h *= 1099511628211ull;
-        h ^= h >> 29;
-    }
-    return h & mask;
-}
-
-// The parent hash of a sequence's first block.
-constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
-
-// The longest run of cached full blocks matching the start of `tokens`.
-// The hit is capped at num_tokens - 1 tokens: the last token is always computed,
-// because its forward pass is what produces the logits we sample from. (With
-// num_tokens = 32 and block_size 16 that means one hit block, not two.)
-// Returns the hit block ids (not yet touched) in logical order.
-inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
-    std::vector<int32_t> hits;
-    if (!pool.prefix_caching() || num_tokens <= 0) return hits;
-    const int bs = pool.block_size();
-    const int max_blocks = (num_tokens - 1) / bs;
-    uint64_t parent = kRootHash;
-    for (int i = 0; i < max_blocks; ++i) {
-        const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
-        int32_t id = pool.lookup(h, parent, blk_tokens);
-        if (id < 0) break;
-        hits.push_back(id);
-        parent = h;
-    }
-    return hits;
-}
-
-// ============================================================================
-// 4. Block tables: growth, caching of full blocks, tail-first free
-// ============================================================================
-//
-// A block table belongs to one request. `num_hashed` counts its leading blocks
-// already registered in the prefix cache, and `last_hash` is the chained hash of
-// the last of them, so registering the next full block is O(block_size).
-
-struct BlockTable {
-    std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
-    int num_hashed = 0;
-    uint64_t last_hash = kRootHash;
-    // Set when a block's hash turned out to belong to a block with other
-    // contents (a collision): nothing after it in this table can be cached,
-    // because its chained hash would vouch for a prefix it does not have.
-    bool chain_broken = false;
-};
-
-// How many *new* blocks a table needs to hold num_tokens positions, counting
-// prefix hits as already there. A hit on a block that sits in the free list
-// still consumes free capacity (it leaves the free list when touched), so
-// callers that ask "does this fit?" must add those: see allocate_slots.
-inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits) {
-    int n = 0;
-    for (int32_t b : hits) n += pool.block(b).ref_cnt == 0;
-    return n;
-}
-
-// Grow `table` so it can hold `num_tokens` positions. `hits` are prefix-cache
-// hits for a table that is still empty (pass {} otherwise). All or nothing:
-// returns false and changes nothing when the pool cannot supply the blocks.
-inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int num_tokens) {
-    const int have = (int)table.blocks.size() + (int)hits.size();
-    const int need_new = blocks_for_tokens(num_tokens, pool.block_size()) - have;
-    const int need_free = (need_new > 0 ? need_new : 0) + num_free_hits(pool, hits);
-    if (need_free > pool.num_free_blocks()) return false;
-    pool.touch(hits);
-    table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
-    if (!hits.empty()) {
-        // Hit blocks are already hashed; continue the chain from the last one.
-        table.num_hashed = (int)hits.size();
-        table.last_hash = pool.block(hits.back()).block_hash;
-    }
-    if (need_new > 0) pool.allocate(need_new, table.blocks);
-    return true;
-}
-
-// Register every block of `table` that is full of computed tokens. `tokens` are
-// the sequence's tokens (prompt then outputs); `num_computed` how many of them
-// have K/V written. Called after each forward step when prefix caching is on.
-inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
-    if (!pool.prefix_caching() || table.chain_broken) return;
-    const int bs = pool.block_size();
-    const int num_full = num_computed / bs;
-    for (int i = table.num_hashed; i < num_full; ++i) {
-        const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
-        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
-        // The hash now names this block or an identical one (two requests
-        // computed the same prefix) -- unless it collided with other contents.
-        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
-            table.chain_broken = true;
-            return;
-        }
-        table.last_hash = h;
-        table.num_hashed = i + 1;
-    }
-}
-
-// Give every block of `table` back, last logical block first (so tails are
-// evicted before the shared heads), and leave the table empty.
-inline void free_blocks(BlockPool& pool, BlockTable& table) {
-    std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
-    pool.release(reversed);
-    table = BlockTable{};
-}
-
-// ============================================================================
-// 5. Reference paged attention (CPU)
+// 3. Reference paged attention (CPU)
 // ============================================================================
 //
 // Input is a *flat batch* of query tokens, vLLM V1 style: prefill tokens,
@@ -657,14 +319,14 @@ inline void paged_attention_ref(float* out, const float* q, const float* k_cache
 }
 
 // ============================================================================
-// 6. The CUDA kernels
+// 4. The CUDA kernels
 // ============================================================================
 //
 // Two kernels touch the cache, exactly as in vLLM: one writes it, one reads it.
 // Both are ordinary CUDA; under g++ they run emulated (cuda_shim.hpp), which
-// is how `make test` checks them against section 5 on a machine with no GPU.
-// Kernels are `static`: this header is included by many translation units,
-// and a __global__ function may not be `inline`, so each unit gets its own copy.
+// is how `make test` checks them against section 3 on a machine with no GPU.
+// Each is a function template with nothing to template on: cuda_shim.hpp's
+// rules say why a kernel defined in a header must be one.
 
 // Load four consecutive floats. On the GPU one 16-byte load instruction (the
 // address must be 16-byte aligned: head vectors start at multiples of head_dim
@@ -700,7 +362,8 @@ PKV_HD inline void kv_load4(const KVView& v, int64_t slot, int h, int d, float& 
 // slot slot_mapping[t], one thread per kv head vector (kv_store converts it to
 // the cache's dtype; int8 needs the whole vector for its scale). A slot < 0
 // means "do not cache" (vLLM's padding rule). No shared memory, no barrier.
-static __global__ void reshape_and_cache_kernel(const float* k,        // [num_tokens, n_kv_heads * head_dim]
+template <class = void>
+PKV_KERNEL void reshape_and_cache_kernel(const float* k,        // [num_tokens, n_kv_heads * head_dim]
                                                 const float* v,        // [num_tokens, n_kv_heads * head_dim]
                                                 KVView k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
                                                 KVView v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
@@ -717,7 +380,7 @@ static __global__ void reshape_and_cache_kernel(const float* k,        // [num_t
 
 inline void reshape_and_cache(const float* k, const float* v, const KVView& k_cache, const KVView& v_cache,
                               const int64_t* slot_mapping, int num_tokens) {
-    launch(reshape_and_cache_kernel, dim3(num_tokens), dim3(32), 0, k, v, k_cache, v_cache, slot_mapping);
+    launch(reshape_and_cache_kernel<>, dim3(num_tokens), dim3(32), 0, k, v, k_cache, v_cache, slot_mapping);
 }
 // The same into plain float32 caches.
 inline void reshape_and_cache(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slot_mapping,
@@ -781,7 +444,8 @@ inline int attention_tile_keys(int group, int head_dim) {
     return tk;
 }
 
-static __global__ void paged_attention_kernel(float* out,                   // [num_tokens, n_heads, head_dim]
+template <class = void>
+PKV_KERNEL void paged_attention_kernel(float* out,                   // [num_tokens, n_heads, head_dim]
                                        const float* q,               // [num_tokens, n_heads, head_dim]
                                        KVView k_cache,               // [num_blocks, block_size, n_kv_heads, head_dim]
                                        KVView v_cache,               // [num_blocks, block_size, n_kv_heads, head_dim]
@@ -811,7 +475,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
     // have constant bounds and are unrolled, so acc[] lives in registers.
     float acc[kAttnMaxPairsPerThread];
     for (int r = 0; r < kAttnMaxPairsPerThread; ++r) acc[r] = 0.0f;
-    __syncthreads();
+    syncthreads();
 
     for (int start = 0; start < ctx; start += tk) {
         const int n = ctx - start < tk ? ctx - start : tk;  // keys in this tile
@@ -828,7 +492,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
             float* vr = sv + j * hd + d;
             vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
         }
-        __syncthreads();
+        syncthreads();
         // 2. Scores for every (head, key) pair of the tile.
         for (int i = tid; i < G * n; i += nthr) {
             const int h = i / n, j = i % n;
@@ -838,7 +502,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
             for (int d = 0; d < hd; ++d) dot += qh[d] * kj[d];
             sp[h * tk + j] = dot / scale_div;
         }
-        __syncthreads();
+        syncthreads();
         // 3. Online softmax, one thread per query head.
         if (tid < G) {
             float* ph = sp + tid * tk;
@@ -854,7 +518,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
             sl[tid] = sum;
             sa[tid] = alpha;
         }
-        __syncthreads();
+        syncthreads();
         // 4. Rescale and accumulate p . V for this thread's (head, d) pairs.
         for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {
             const int pair = r * nthr + tid, h = pair / hd, d = pair % hd;
@@ -864,7 +528,7 @@ static __global__ void paged_attention_kernel(float* out,                   // [
             for (int j = 0; j < n; ++j) a += ph[j] * sv[j * hd + d];
             acc[r] = a;
         }
-        __syncthreads();  // the next tile overwrites sk, sv, sp
+        syncthreads();  // the next tile overwrites sk, sv, sp
     }
     float* og = out + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
     for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {
@@ -882,10 +546,12 @@ inline void paged_attention(float* out, const float* q, const KVView& k_cache, c
     if (s.head_dim % 4 != 0 || s.head_dim > 256) throw std::invalid_argument("paged_attention: head_dim must be a multiple of 4, at most 256");
     if (s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("paged_attention: n_heads must be a multiple of n_kv_heads");
     const int G = s.n_heads / s.n_kv_heads;
+    // One thread per query head keeps each head's softmax state (step 3).
+    if (G > kAttnThreads) throw std::invalid_argument("paged_attention: n_heads / n_kv_heads must be at most 128");
     if (G * s.head_dim > kAttnThreads * kAttnMaxPairsPerThread)
         throw std::invalid_argument("paged_attention: (n_heads / n_kv_heads) * head_dim must be at most 2048");
     const int tk = attention_tile_keys(G, s.head_dim);
-    launch(paged_attention_kernel, dim3(num_tokens, s.n_kv_heads), dim3(kAttnThreads),
+    launch(paged_attention_kernel<>, dim3(num_tokens, s.n_kv_heads), dim3(kAttnThreads),
            (size_t)attention_smem_floats(G, s.head_dim, tk) * sizeof(float), out, q, k_cache, v_cache, block_tables,
            token_seq, positions, s, tk);
 }

@@ -9,20 +9,51 @@
 // blocks, and puts it at the *front* of the waiting queue. When it is admitted
 // again, prefill re-runs over its prompt plus every token it already generated
 // (recompute); prefix caching can serve the blocks that were not evicted yet.
+// Or, vLLM V0's other answer, its blocks are copied to a host *swap space* and
+// copied back when it resumes (Preemption::kSwap).
 //
-// Sections: 1. requests and their states  2. configuration  3. admission checks
-// 4. schedule() -- running first, preemption, then waiting  5. finishing/abort.
+// Sections: 1. requests and their states  2. configuration  3. the swap
+// space  4. the scheduler: add_request, schedule() (running first,
+// preemption, then swapped and waiting), finish and abort.
 //
 // The model for this file is vLLM V1's vllm/v1/core/sched/scheduler.py, with
-// the block work of its kv_cache_manager.py done by paged_kv.cuh's
+// the block work of its kv_cache_manager.py done by block_pool.hpp's
 // allocate_slots / free_blocks / find_cached_prefix. Same loop shape, same
-// victim, same "no admission in a preempting step". What we left out: the
-// priority policy (vLLM then preempts the lowest priority, latest arrival
-// instead of simply the newest), speculative decoding, multimodal encoders,
-// and any swap space: vLLM V0 could also preempt by *swapping* a victim's
-// blocks to CPU memory and back, trading copy bandwidth for recompute; V1
-// dropped it, and on our CPU engine the cache already lives in host memory, so
-// there is nowhere cheaper to swap to.
+// victim, same "no admission in a preempting step". Left out: the priority
+// policy (vLLM then preempts the lowest priority, latest arrival instead of
+// simply the newest), speculative decoding, multimodal encoders, LoRA.
+//
+// Where this differs from vLLM V1 (scheduler.py, kv_cache_manager.py and
+// block_pool.py as of late 2026) and from nano-vllm:
+//   - When num_computed_tokens advances: here after the forward pass
+//     (on_computed). vLLM advances it at the end of schedule()
+//     (_update_after_schedule), so that the next step can be scheduled
+//     while this one runs, and walks it back for rejected speculative tokens.
+//   - When a full block enters the prefix cache: here after its K/V are
+//     computed (on_computed -> cache_full_blocks). vLLM registers it in
+//     allocate_slots, before the forward pass, trusting every layer to write
+//     K/V before reading them; so in vLLM two identical prompts admitted in
+//     the same step share blocks, and here they share nothing (the second
+//     computes its own copy). nano-vllm also hashes after compute.
+//   - One block per hash here (BlockPool::cache_block keeps the first);
+//     vLLM keeps every block that carries a hash, so no block table ever
+//     has to change when a duplicate appears.
+//   - Budget caps: we apply max_num_batched_tokens and max_num_seqs. vLLM also
+//     caps one request's chunk (long_prefill_token_threshold), caps new tokens
+//     at max_model_len inside schedule(), and has encoder and LoRA budgets.
+//   - A request that preempts itself: vLLM `break`s out of the running loop,
+//     so nobody after it is scheduled this step. We `continue`: with newest-
+//     first victims that is the same thing (everyone after it was preempted
+//     first); with oldest-first it lets the rest of running_ proceed.
+//   - The free list's order (block_pool.hpp) matches current vLLM: uncached
+//     blocks go to the head, cached ones to the tail. Older V1 versions and
+//     nano-vllm append every freed block to the tail.
+//   - vLLM's SchedulerOutput has num_scheduled_tokens as a per-request map
+//     plus total_num_scheduled_tokens; ours keeps each request's count in
+//     `scheduled` and the sum in total_num_scheduled_tokens.
+//   - Swap: vLLM V1 has none; V0 swapped (by default only groups of several
+//     sequences, e.g. beam search) and raised an error when its swap space
+//     was full, where we fall back to recompute.
 //
 // Try it: `build/overload --max-num-seqs 4` runs the chapter 3 workload with
 // no preemption at all (4 requests of at most 8 blocks each fit the 40-block
@@ -31,14 +62,16 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "paged_kv.cuh"
+#include "block_pool.hpp"
 
 namespace pkv {
 
@@ -48,20 +81,24 @@ namespace pkv {
 //
 //   add_request --> WAITING --admit--> RUNNING --stop/length--> FINISHED
 //        |             ^                  |
-//        |             +---- PREEMPTED <--+  (blocks freed, num_computed = 0,
-//        |                  (front of waiting)  output tokens kept)
+//        |             +---- PREEMPTED <--+  recompute: blocks freed,
+//        |             (front of waiting)    num_computed_tokens = 0;
+//        |                                   swap: blocks copied to host,
+//        |                                   num_computed_tokens kept
 //        +--> FINISHED(rejected)     abort: any state --> FINISHED(aborted)
 //
-// PREEMPTED is a waiting state: the request sits in the waiting queue like a
-// new one. It is kept apart only so that schedule() can report who *resumed*.
-// vLLM's RequestStatus has the same WAITING / RUNNING / PREEMPTED core and
-// several FINISHED_* states; its "length" finish covers both of our
-// kMaxTokens and kMaxModelLen. vLLM V0 marked a prompt that could never run
-// FINISHED_IGNORED; V1 refuses it with an error before it reaches the
-// scheduler. We reject it here, so the client gets the reason as an event.
+// PREEMPTED is a waiting state: the request sits in the waiting queue (or, when
+// swapped, the swapped queue) like a new one. It is kept apart only so that
+// schedule() can report who *resumed*. vLLM's RequestStatus has the same
+// WAITING / RUNNING / PREEMPTED core and several FINISHED_* states; its
+// "length" finish covers both of our kMaxTokens and kMaxModelLen. vLLM V0
+// marked a prompt that could never run FINISHED_IGNORED; V1 refuses it with an
+// error before it reaches the scheduler. We reject it here, so the client gets
+// the reason as an event. kError is a request whose forward pass failed
+// (engine.hpp): it is finished, with its reason, so the others go on.
 
 enum class RequestState { kWaiting, kRunning, kPreempted, kFinished };
-enum class FinishReason { kNone, kStop, kMaxTokens, kMaxModelLen, kAborted, kRejected };
+enum class FinishReason { kNone, kStop, kMaxTokens, kMaxModelLen, kAborted, kRejected, kError };
 
 inline const char* to_string(RequestState s) {
     switch (s) {
@@ -80,12 +117,14 @@ inline const char* to_string(FinishReason r) {
         case FinishReason::kMaxModelLen: return "max_model_len";
         case FinishReason::kAborted: return "aborted";
         case FinishReason::kRejected: return "rejected";
+        case FinishReason::kError: return "error";
     }
     return "?";
 }
 
 // Per-request generation settings, a small subset of vLLM's SamplingParams
-// (same default max_tokens of 16).
+// (same default max_tokens of 16). The engine checks them at the door
+// (Engine::add_request): a NaN temperature is a rejection, not a mystery.
 struct SamplingParams {
     int max_tokens = 16;
     float temperature = 0.0f;  // 0 = greedy
@@ -110,12 +149,14 @@ struct Request {
 
     RequestState state = RequestState::kWaiting;
     FinishReason finish_reason = FinishReason::kNone;
-    std::string reject_reason;  // set when finish_reason == kRejected
+    std::string reject_reason;  // why, when finish_reason is kRejected or kError
     bool retryable = false;     // a rejection the client may retry (queue full)
 
-    // How many of `tokens` have their K/V in the cache. Reset to 0 on preemption.
-    // Between steps it is num_tokens() - 1 for a decoding request: the token
-    // just sampled has no K/V yet, and computing it is the next step's work.
+    // How many of `tokens` have their K/V in the cache. Preemption by
+    // recompute resets it to 0; preemption by swap keeps it (the K/V wait in
+    // host memory). Between steps it is num_tokens() - 1 for a decoding
+    // request: the token just sampled has no K/V yet, and computing it is the
+    // next step's work.
     int num_computed_tokens = 0;
     // The most tokens ever computed at once: positions below it that get
     // computed again are *recomputed* work, the price of preemption.
@@ -149,15 +190,16 @@ enum class Admission {
     // Reserve prompt + max_tokens (capped at max_model_len) at admission and
     // never preempt (TensorRT-LLM's GUARANTEED_NO_EVICT). Nothing is ever
     // recomputed, but blocks sit reserved and empty for most of a request's
-    // life, so far fewer requests run at once. Chapters 3 and 4 of
-    // TUTORIAL.md run both on the same workload: no preemption, but time to
-    // first token p50 308.6 ms against 135.6 ms for the bet.
+    // life, so far fewer requests run at once and the queue is longer: the
+    // TUTORIAL runs both on the same workload and compares their time to
+    // first token.
     kReserve,
 };
 
-// The knobs; the first three carry vLLM's names. Every one of them trades
-// concurrency (throughput, queueing) against the risk of preemption
-// (recompute, pauses).
+// Who is preempted when a block allocation fails. kNewest is vLLM's
+// running.pop(): the request admitted last, so the oldest ones keep going
+// and finish. kOldest exists as the contrast that examples/victim_study
+// measures.
 enum class Victim { kNewest, kOldest };
 
 // What happens to a victim's KV cache.
@@ -173,6 +215,30 @@ enum class Preemption {
     kSwap,
 };
 
+// The names the command lines use, and back. Each parse_* throws
+// std::invalid_argument naming the choices.
+inline const char* to_string(Admission a) { return a == Admission::kBet ? "bet" : "reserve"; }
+inline const char* to_string(Victim v) { return v == Victim::kNewest ? "newest" : "oldest"; }
+inline const char* to_string(Preemption p) { return p == Preemption::kRecompute ? "recompute" : "swap"; }
+inline Admission parse_admission(const std::string& s) {
+    if (s == "bet") return Admission::kBet;
+    if (s == "reserve") return Admission::kReserve;
+    throw std::invalid_argument("admission must be bet or reserve, got '" + s + "'");
+}
+inline Victim parse_victim(const std::string& s) {
+    if (s == "newest") return Victim::kNewest;
+    if (s == "oldest") return Victim::kOldest;
+    throw std::invalid_argument("victim must be newest or oldest, got '" + s + "'");
+}
+inline Preemption parse_preemption(const std::string& s) {
+    if (s == "recompute") return Preemption::kRecompute;
+    if (s == "swap") return Preemption::kSwap;
+    throw std::invalid_argument("preemption must be recompute or swap, got '" + s + "'");
+}
+
+// The knobs; the first three carry vLLM's names. Every one of them trades
+// concurrency (throughput, queueing) against the risk of preemption
+// (recompute, pauses).
 struct SchedulerConfig {
     // The bluntest fix for thrash: fewer sequences growing at once means fewer
     // block boundaries crossed per step.
@@ -202,11 +268,6 @@ struct SchedulerConfig {
     // many are already waiting. 0 = unbounded queue. A fast "try again" instead
     // of a stream that stalls behind a queue the engine cannot drain.
     int max_waiting = 0;
-    // Who is preempted when a block allocation fails. kNewest is vLLM's
-    // running.pop(): the request with the least work to lose, so the oldest
-    // ones keep going and finish. kOldest exists as the contrast studied in
-    // examples/victim_study: it throws away the most work and keeps every
-    // request half-done for longer.
     Victim victim = Victim::kNewest;
     Preemption preemption = Preemption::kRecompute;
     int swap_space_blocks = 0;  // host swap space, in blocks (kSwap only)
@@ -222,15 +283,81 @@ struct SchedulerOutput {
     std::vector<ScheduledRequest> scheduled;  // running first (oldest first), then new admissions
     std::vector<Request*> preempted;          // victims of this step, in preemption order
     std::vector<Request*> resumed;            // previously preempted requests admitted again
-    int num_scheduled_tokens = 0;
+    int total_num_scheduled_tokens = 0;       // the sum of scheduled[i].num_new_tokens
     // Copies the engine must make before the forward pass, as (device block,
     // host swap slot) pairs: swap_out first (the victims' blocks still hold
     // their K/V until a forward pass writes them), then swap_in.
     std::vector<std::pair<int32_t, int32_t>> swap_out, swap_in;
 };
 
+// The scheduler's counters, read by the engine through Scheduler::stats().
+struct SchedulerStats {
+    long num_preemptions_total = 0;
+    // In tokens, not lookups, as vLLM counts them, and only for admissions
+    // that happened: a request that waits at the head of the queue for many
+    // steps is not counted once per step.
+    long prefix_cache_queries = 0;  // tokens looked up at admission
+    long prefix_cache_hits = 0;     // tokens served from cache at admission
+    // Swap (Preemption::kSwap): victims swapped out / back in, blocks copied
+    // each way, and victims that found the swap space full (recomputed instead).
+    long num_swap_outs = 0, num_swap_ins = 0, blocks_swapped_out = 0, blocks_swapped_in = 0, num_swap_fallbacks = 0;
+};
+
 // ============================================================================
-// 3. The scheduler
+// 3. The swap space: which host slots are free
+// ============================================================================
+//
+// The host memory itself belongs to the model runner; this is only the
+// bookkeeping of its slots, exactly as the block pool is the bookkeeping of
+// the device blocks. A swapped-out request holds one slot per block it had.
+class SwapSpace {
+public:
+    explicit SwapSpace(int num_slots) : num_slots_(num_slots) {
+        if (num_slots < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
+        // pop_back hands out slot 0 first.
+        for (int i = num_slots - 1; i >= 0; --i) free_.push_back(i);
+    }
+    int num_slots() const { return num_slots_; }
+    int num_free() const { return (int)free_.size(); }
+    int in_use() const { return num_slots_ - num_free(); }
+
+    // n slots, or {} (and nothing taken) when fewer than n are free.
+    std::vector<int32_t> take(int n) {
+        std::vector<int32_t> out;
+        if (n > num_free()) return out;
+        for (int i = 0; i < n; ++i) {
+            out.push_back(free_.back());
+            free_.pop_back();
+        }
+        return out;
+    }
+    void give_back(const std::vector<int32_t>& slots) { free_.insert(free_.end(), slots.begin(), slots.end()); }
+
+    // Every slot is free xor held exactly once by one of `held` (the swapped
+    // requests' slot lists). "" when that holds.
+    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& held) const {
+        std::vector<int> holders((size_t)num_slots_, 0);
+        for (int32_t s : free_) {
+            if (s < 0 || s >= num_slots_) return "free swap slot out of range";
+            holders[s]++;
+        }
+        for (const std::vector<int32_t>* v : held)
+            for (int32_t s : *v) {
+                if (s < 0 || s >= num_slots_) return "swap slot out of range";
+                holders[s]++;
+            }
+        for (int s = 0; s < num_slots_; ++s)
+            if (holders[s] != 1) return "swap slot " + std::to_string(s) + " is held " + std::to_string(holders[s]) + " times";
+        return "";
+    }
+
+private:
+    int num_slots_;
+    std::vector<int32_t> free_;  // [free slots] host swap slot ids
+};
+
+// ============================================================================
+// 4. The scheduler
 // ============================================================================
 
 class Scheduler {
@@ -239,48 +366,45 @@ public:
     // The last check matters most: with max_model_len guaranteed to fit an
     // empty pool, "can this request ever run?" becomes a question about its
     // prompt alone, answered in add_request.
-    Scheduler(const SchedulerConfig& cfg, BlockPool& pool) : cfg_(cfg), pool_(pool) {
+    Scheduler(const SchedulerConfig& cfg, BlockPool& pool) : cfg_(cfg), pool_(pool), swap_(cfg.swap_space_blocks) {
         if (cfg_.max_num_seqs <= 0) throw std::invalid_argument("max_num_seqs must be >= 1");
         if (cfg_.max_num_batched_tokens <= 0) throw std::invalid_argument("max_num_batched_tokens must be >= 1");
         if (cfg_.max_model_len <= 0) throw std::invalid_argument("max_model_len must be >= 1 (the engine derives it)");
-        if (cfg_.watermark < 0.0 || cfg_.watermark >= 1.0) throw std::invalid_argument("watermark must be in [0, 1)");
+        if (cfg_.max_waiting < 0) throw std::invalid_argument("max_waiting must be >= 0 (0 = unbounded)");
+        // Written so that NaN fails too: every comparison with NaN is false.
+        if (!(cfg_.watermark >= 0.0 && cfg_.watermark < 1.0)) throw std::invalid_argument("watermark must be in [0, 1)");
         if (blocks_for_tokens(cfg_.max_model_len, pool_.block_size()) > pool_.num_blocks())
             throw std::invalid_argument("max_model_len " + std::to_string(cfg_.max_model_len) + " needs " +
                                         std::to_string(blocks_for_tokens(cfg_.max_model_len, pool_.block_size())) +
                                         " blocks but the KV cache has only " + std::to_string(pool_.num_blocks()) +
                                         ": raise --num-blocks or lower --max-model-len");
-        if (cfg_.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
-        for (int i = cfg_.swap_space_blocks - 1; i >= 0; --i) free_swap_slots_.push_back(i);  // pop_back hands out 0 first
     }
+    // It holds a reference to the pool and pointers into its own requests:
+    // a copy or a move would leave those pointing at the original.
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
 
     const SchedulerConfig& config() const { return cfg_; }
+    const SchedulerStats& stats() const { return stats_; }
     const std::vector<Request*>& running() const { return running_; }
     const std::deque<Request*>& waiting() const { return waiting_; }
     const std::deque<Request*>& swapped() const { return swapped_; }
+    const SwapSpace& swap_space() const { return swap_; }
     Request* request(int id) { return id >= 0 && id < (int)requests_.size() ? requests_[id].get() : nullptr; }
     int num_requests() const { return (int)requests_.size(); }
     bool has_unfinished() const { return !running_.empty() || !waiting_.empty() || !swapped_.empty(); }
 
-    // Counters the engine turns into metrics.
-    long num_preemptions_total = 0;
-    // In tokens, not lookups, as vLLM counts them. Chapter 5 of TUTORIAL.md:
-    // 224 hit of 2289 queried tokens (10%), and those hits are victims finding
-    // their own blocks again.
-    long prefix_cache_queries = 0;  // tokens looked up at admission
-    long prefix_cache_hits = 0;     // tokens served from cache at admission
-    // Swap (Preemption::kSwap): victims swapped out / back in, blocks copied
-    // each way, and victims that found the swap space full (recomputed instead).
-    long num_swap_outs = 0, num_swap_ins = 0, blocks_swapped_out = 0, blocks_swapped_in = 0, num_swap_fallbacks = 0;
-    int swap_slots_in_use() const { return cfg_.swap_space_blocks - (int)free_swap_slots_.size(); }
-
     // The longest sequence a request may reach: prompt + max_tokens, capped.
     // What reserve admission reserves, and what the bet hopes not to need.
+    // Summed in 64 bits: max_tokens may be as large as an int goes.
     int sequence_cap(const Request& r) const {
-        return std::min(r.num_prompt_tokens + r.params.max_tokens, cfg_.max_model_len);
+        return (int)std::min<int64_t>((int64_t)r.num_prompt_tokens + r.params.max_tokens, cfg_.max_model_len);
     }
 
-    // Register a request. It is rejected at once, with a reason, when it can
-    // never run or the queue is full.
+    // Register a request. It is rejected at once, with a reason, when the
+    // caller already found it invalid (`invalid`, non-empty: the engine checks
+    // token ids and sampling parameters), when it can never run, or when the
+    // queue is full.
     //
     // "Can never run" means: alone in an empty pool, its longest sequence
     // would still not fit -- it would preempt everyone, then itself, forever.
@@ -294,20 +418,22 @@ public:
     // admitting work that will stall: a fast "try again" lets a client or a
     // router go elsewhere. requests_ keeps every request, finished or not, so
     // that the report at the end can read them; a server would drop them.
-    Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now) {
+    Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now, const std::string& invalid = "") {
         auto r = std::make_unique<Request>();
         r->id = (int)requests_.size();
+        if (prompt.size() > (size_t)INT32_MAX) throw std::length_error("add_request: a prompt of more than 2^31 - 1 tokens");
         r->tokens = std::move(prompt);
         r->num_prompt_tokens = (int)r->tokens.size();
         r->params = params;
         r->arrival_time = now;
         Request* req = r.get();
         requests_.push_back(std::move(r));
-        if (req->num_prompt_tokens == 0) reject(*req, "empty prompt", false, now);
+        if (!invalid.empty()) reject(*req, invalid, false, now);
+        else if (req->num_prompt_tokens == 0) reject(*req, "empty prompt", false, now);
         else if (params.max_tokens <= 0) reject(*req, "max_tokens must be >= 1", false, now);
         else if (req->num_prompt_tokens >= cfg_.max_model_len)
             reject(*req, "prompt of " + std::to_string(req->num_prompt_tokens) + " tokens needs " +
-                             std::to_string(blocks_for_tokens(req->num_prompt_tokens + 1, pool_.block_size())) +
+                             std::to_string(blocks_for_tokens((int64_t)req->num_prompt_tokens + 1, pool_.block_size())) +
                              " KV blocks to generate even one token, but max_model_len is " + std::to_string(cfg_.max_model_len) +
                              " (KV cache: " + std::to_string(pool_.num_blocks()) + " blocks of " +
                              std::to_string(pool_.block_size()) + "); it can never fit", false, now);
@@ -329,8 +455,7 @@ public:
         //     progress always gets its blocks before a newcomer does; it is
         //     also vLLM V1's order. "Oldest" means admitted earliest: a
         //     resumed request re-enters running_ at the back, as the newest,
-        //     and is therefore the first victim next time (in chapter 3 one
-        //     request was preempted 4 times).
+        //     and is therefore the first victim next time.
         for (size_t i = 0; i < running_.size() && budget > 0;) {
             Request* req = running_[i];
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
@@ -351,7 +476,7 @@ public:
             //     With kOldest it may have been: preempt() takes its tokens back
             //     (vLLM's priority policy has the same case).
             bool self_preempted = false;
-            while (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) {
+            while (!allocate_slots(pool_, req->block_table, {}, (int64_t)req->num_computed_tokens + n)) {
                 Request* victim = cfg_.victim == Victim::kNewest ? running_.back() : running_.front();
                 const size_t vi = (size_t)(std::find(running_.begin(), running_.end(), victim) - running_.begin());
                 preempt(victim, out, budget);
@@ -382,13 +507,12 @@ public:
             while (!swapped_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
                 Request* req = swapped_.front();
                 const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
-                if (!allocate_slots(pool_, req->block_table, {}, req->num_computed_tokens + n)) break;
-                for (size_t b = 0; b < req->swap_slots.size(); ++b) {
+                if (!allocate_slots(pool_, req->block_table, {}, (int64_t)req->num_computed_tokens + n)) break;
+                for (size_t b = 0; b < req->swap_slots.size(); ++b)
                     out.swap_in.push_back({req->block_table.blocks[b], req->swap_slots[b]});
-                    free_swap_slots_.push_back(req->swap_slots[b]);
-                }
-                num_swap_ins++;
-                blocks_swapped_in += (long)req->swap_slots.size();
+                swap_.give_back(req->swap_slots);
+                stats_.num_swap_ins++;
+                stats_.blocks_swapped_in += (long)req->swap_slots.size();
                 req->swap_slots.clear();
                 swapped_.pop_front();
                 out.resumed.push_back(req);
@@ -412,7 +536,7 @@ public:
                 budget -= admitted_tokens;
             }
         }
-        for (const auto& s : out.scheduled) out.num_scheduled_tokens += s.num_new_tokens;
+        for (const auto& s : out.scheduled) out.total_num_scheduled_tokens += s.num_new_tokens;
         return out;
     }
 
@@ -426,50 +550,40 @@ public:
         cache_full_blocks(pool_, req.block_table, req.tokens.data(), req.num_computed_tokens);
     }
 
-    // Finish a running request (stop token, max_tokens, max_model_len).
-    // Its blocks go back tail first (free_blocks), so with prefix caching the
-    // prompt's head, the part most likely shared, is evicted last.
+    // Finish a running request (stop token, max_tokens, max_model_len, or an
+    // error in its forward pass). Its blocks go back tail first
+    // (free_blocks), so with prefix caching the prompt's head, the part most
+    // likely shared, is evicted last. Only a running request can finish this
+    // way; a waiting one would be put back into running by retire().
     void finish(Request& req, FinishReason reason, double now) {
-        running_.erase(std::remove(running_.begin(), running_.end(), &req), running_.end());
-        free_blocks(pool_, req.block_table);
-        req.state = RequestState::kFinished;
-        req.finish_reason = reason;
-        req.finish_time = now;
+        if (req.state != RequestState::kRunning)
+            throw std::logic_error("Scheduler::finish: request " + std::to_string(req.id) + " is " + to_string(req.state) +
+                                   ", not running (use abort)");
+        retire(req, reason, now);
     }
 
-    // Abort from any state: blocks are back in the pool before this returns.
-    // Returns false when the request was already finished (or unknown).
-    // A waiting request holds no blocks, so for it finish() frees nothing.
+    // Abort from any state: blocks (and swap slots) are free before this
+    // returns. Returns false when the request was already finished (or unknown).
     bool abort(int id, double now) {
         Request* req = request(id);
         if (!req || req->finished()) return false;
         waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), req), waiting_.end());
         swapped_.erase(std::remove(swapped_.begin(), swapped_.end(), req), swapped_.end());
-        free_swap_slots_.insert(free_swap_slots_.end(), req->swap_slots.begin(), req->swap_slots.end());
+        swap_.give_back(req->swap_slots);
         req->swap_slots.clear();
-        finish(*req, FinishReason::kAborted, now);
+        retire(*req, FinishReason::kAborted, now);
         return true;
     }
 
     // The host swap space's own invariant: every slot is free xor held by
     // exactly one swapped-out request, and only swapped-out requests hold any.
     std::string check_swap_invariants() const {
-        std::vector<int> holders(cfg_.swap_space_blocks, 0);
-        for (int32_t s : free_swap_slots_) {
-            if (s < 0 || s >= cfg_.swap_space_blocks) return "free swap slot out of range";
-            holders[s]++;
-        }
-        for (const auto& r : requests_) {
-            const bool swapped = std::find(swapped_.begin(), swapped_.end(), r.get()) != swapped_.end();
-            if (!r->swap_slots.empty() && !swapped) return "request " + std::to_string(r->id) + " holds swap slots but is not swapped out";
-            for (int32_t s : r->swap_slots) {
-                if (s < 0 || s >= cfg_.swap_space_blocks) return "swap slot out of range";
-                holders[s]++;
-            }
-        }
-        for (int s = 0; s < cfg_.swap_space_blocks; ++s)
-            if (holders[s] != 1) return "swap slot " + std::to_string(s) + " is held " + std::to_string(holders[s]) + " times";
-        return "";
+        std::vector<const std::vector<int32_t>*> held;
+        for (const Request* r : swapped_) held.push_back(&r->swap_slots);
+        for (const auto& r : requests_)
+            if (!r->swap_slots.empty() && std::find(swapped_.begin(), swapped_.end(), r.get()) == swapped_.end())
+                return "request " + std::to_string(r->id) + " holds swap slots but is not swapped out";
+        return swap_.check_invariants(held);
     }
 
     // Every block table that holds blocks, for BlockPool::check_invariants.
@@ -489,15 +603,29 @@ private:
         req.finish_time = now;
     }
 
-    // Preemption by recompute: free everything, forget computed tokens, keep
-    // the output tokens (they are part of what gets recomputed), go to the
-    // front of the queue so the victim is the first to come back.
-    // As in vLLM V1's _preempt_request: free, num_computed_tokens = 0,
-    // PREEMPTED, prepend to waiting. Victims leave newest first and each goes
-    // to the front, so chapter 3's victims of step 3 (15, 14, 13) line up as
-    // 13, 14, 15, ahead of 16..23: with kNewest, running and waiting together
-    // stay in arrival order, which keeps completion order close to it. (With
-    // kOldest a later victim queues ahead of older ones.)
+    // Leave running_ (if there) and free every block. The caller has taken
+    // the request out of the waiting and swapped queues.
+    void retire(Request& req, FinishReason reason, double now) {
+        running_.erase(std::remove(running_.begin(), running_.end(), &req), running_.end());
+        free_blocks(pool_, req.block_table);
+        req.state = RequestState::kFinished;
+        req.finish_reason = reason;
+        req.finish_time = now;
+    }
+
+    // Preempt `victim`. Both modes: leave running_, count it, report it.
+    // Recompute: free everything, forget computed tokens, keep the output
+    // tokens (they are part of what gets recomputed), go to the front of the
+    // waiting queue so the victim is the first to come back. As in vLLM V1's
+    // _preempt_request: free, num_computed_tokens = 0, PREEMPTED, prepend to
+    // waiting. Victims leave newest first and each goes to the front, so
+    // victims 15, 14, 13 of one step line up as 13, 14, 15, ahead of 16..23:
+    // with kNewest, running and waiting together stay in arrival order, which
+    // keeps completion order close to it. (With kOldest a later victim queues
+    // ahead of older ones.)
+    // Swap: copy the blocks that hold computed K/V to host slots, keep
+    // num_computed_tokens, wait at the front of the swapped queue. A victim
+    // whose blocks do not fit in the free swap slots falls back to recompute.
     // With Victim::kOldest the victim may already have been given tokens this
     // step: they are taken back (removed from `out`, refunded to `budget`).
     void preempt(Request* victim, SchedulerOutput& out, int& budget) {
@@ -510,29 +638,22 @@ private:
             }
         victim->state = RequestState::kPreempted;
         victim->num_preemptions++;
-        num_preemptions_total++;
+        stats_.num_preemptions_total++;
         out.preempted.push_back(victim);
-        // Swap: copy the blocks that hold computed K/V to host slots, keep
-        // num_computed_tokens, wait in the swapped queue. A victim whose
-        // blocks do not fit in the free swap slots falls back to recompute.
-        const int nblk = blocks_for_tokens(victim->num_computed_tokens, pool_.block_size());
+        const int nblk = (int)blocks_for_tokens(victim->num_computed_tokens, pool_.block_size());
         if (cfg_.preemption == Preemption::kSwap && nblk > 0) {
-            if (nblk <= (int)free_swap_slots_.size()) {
-                for (int b = 0; b < nblk; ++b) {
-                    const int32_t slot = free_swap_slots_.back();
-                    free_swap_slots_.pop_back();
-                    victim->swap_slots.push_back(slot);
-                    out.swap_out.push_back({victim->block_table.blocks[b], slot});
-                }
-                num_swap_outs++;
-                blocks_swapped_out += nblk;
+            std::vector<int32_t> slots = swap_.take(nblk);
+            if (!slots.empty()) {
+                for (int b = 0; b < nblk; ++b) out.swap_out.push_back({victim->block_table.blocks[b], slots[b]});
+                victim->swap_slots = std::move(slots);
+                stats_.num_swap_outs++;
+                stats_.blocks_swapped_out += nblk;
                 free_blocks(pool_, victim->block_table);
                 swapped_.push_front(victim);
                 return;
             }
-            num_swap_fallbacks++;
+            stats_.num_swap_fallbacks++;
         }
-        // Recompute: drop the K/V, start over from token 0 on resume.
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         waiting_.push_front(victim);
@@ -556,9 +677,9 @@ private:
         int must_hold = num_cached + n;  // just this step's chunk
         if (cfg_.full_sequence_must_fit) must_hold = req->num_tokens();
         if (cfg_.admission == Admission::kReserve) must_hold = sequence_cap(*req);
-        const int new_blocks = std::max(0, blocks_for_tokens(must_hold, pool_.block_size()) - (int)hits.size());
-        int reserve_free = 0;
-        if (!running_.empty()) reserve_free = (int)(cfg_.watermark * pool_.num_blocks());
+        const int64_t new_blocks = std::max<int64_t>(0, blocks_for_tokens(must_hold, pool_.block_size()) - (int64_t)hits.size());
+        int64_t reserve_free = 0;
+        if (!running_.empty()) reserve_free = (int64_t)(cfg_.watermark * pool_.num_blocks());
         // A hit on a block that sits in the free list takes that block out of
         // it, so such hits count against free capacity like new blocks do.
         if (new_blocks + num_free_hits(pool_, hits) + reserve_free > pool_.num_free_blocks()) return 0;
@@ -566,19 +687,18 @@ private:
         // Allocate: the whole reservation in reserve mode, else this chunk only.
         const int alloc_tokens = cfg_.admission == Admission::kReserve ? must_hold : num_cached + n;
         if (!allocate_slots(pool_, req->block_table, hits, alloc_tokens)) return 0;
-        // Counted only for an admission that happened: a request that waits
-        // at the head for many steps is not counted once per step.
-        prefix_cache_queries += req->num_tokens();
-        prefix_cache_hits += num_cached;
+        stats_.prefix_cache_queries += req->num_tokens();
+        stats_.prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;
         return n;
     }
 
     SchedulerConfig cfg_;
     BlockPool& pool_;
+    SchedulerStats stats_;
     std::vector<std::unique_ptr<Request>> requests_;  // [num requests] by id, never shrinks
+    SwapSpace swap_;                                  // which host swap slots are free
     std::deque<Request*> swapped_;                    // swapped out, front = next to swap in
-    std::vector<int32_t> free_swap_slots_;            // [swap slots free] host swap slot ids
     std::deque<Request*> waiting_;                    // front = next to admit
     std::vector<Request*> running_;                   // admission order: back = newest
 };

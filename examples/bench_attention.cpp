@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
 
 namespace {
@@ -37,7 +38,7 @@ struct Shape {
 constexpr double kPeakBytesPerSec = 4.8e12;  // H200 HBM3e
 
 double run_shape(const Shape& sh, int iters, bool emulated) {
-    const int blocks_per_seq = pkv::blocks_for_tokens(sh.ctx, sh.block_size);
+    const int blocks_per_seq = (int)pkv::blocks_for_tokens(sh.ctx, sh.block_size);
     const int num_blocks = sh.batch * blocks_per_seq;
     const size_t cache_floats = (size_t)num_blocks * sh.block_size * sh.n_kv_heads * sh.head_dim;
     std::mt19937 rng(1234);

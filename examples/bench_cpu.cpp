@@ -18,6 +18,7 @@
 #include <omp.h>
 #endif
 
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/sampler.hpp"
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
 
     // 1. Single sequence, token-by-token decode from position 0.
     {
-        pkv::KVGeometry geo{cfg.n_layers, pkv::blocks_for_tokens(cfg.seq_len, block_size), block_size, cfg.n_kv_heads, cfg.head_dim()};
+        pkv::KVGeometry geo{cfg.n_layers, (int)pkv::blocks_for_tokens(cfg.seq_len, block_size), block_size, cfg.n_kv_heads, cfg.head_dim()};
         pkv::KVCache cache(geo);
         pkv::BlockPool pool(geo.num_blocks, block_size, false);
         pkv::BlockTable table;
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
     std::printf("  %6s  %12s  %14s  %10s\n", "batch", "tok/s", "ms per step", "vs batch 1");
     double base = 0;
     for (int B : {1, 4, 16, 64}) {
-        const int per_seq = pkv::blocks_for_tokens(prompt_len + steps, block_size);
+        const int per_seq = (int)pkv::blocks_for_tokens(prompt_len + steps, block_size);
         pkv::KVGeometry geo{cfg.n_layers, B * per_seq, block_size, cfg.n_kv_heads, cfg.head_dim()};
         pkv::KVCache cache(geo);
         pkv::BlockPool pool(geo.num_blocks, block_size, false);

@@ -17,8 +17,9 @@
 #include <string>
 
 #include "examples/cli.hpp"
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
-#include "tiny_model/forward_gpu.cuh"
+#include "tiny_model/devices.hpp"
 #include "tiny_model/sampler.hpp"
 #include "tiny_model/tokenizer.hpp"
 
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
     if (steps <= 0 || steps > cfg.seq_len) steps = cfg.seq_len;
 
     // The paged KV cache: a pool of blocks, and this sequence's block table.
-    const int needed_blocks = pkv::blocks_for_tokens((int)steps, (int)block_size);
+    const int needed_blocks = (int)pkv::blocks_for_tokens(steps, block_size);
     if (num_blocks == 0) num_blocks = needed_blocks;
     if (num_blocks < needed_blocks) {
         std::fprintf(stderr, "generate: --num-blocks %ld holds %ld positions, but -n %ld needs %d blocks of %ld\n", num_blocks,
@@ -104,7 +105,8 @@ int main(int argc, char** argv) {
     pkv::KVGeometry geo{cfg.n_layers, (int)num_blocks, (int)block_size, cfg.n_kv_heads, cfg.head_dim()};
     std::unique_ptr<pkv::ModelRunner> runner;
     try {
-        runner = pkv::make_model_runner(pkv::parse_device(device_name), mt.model, geo);
+        runner = pkv::make_model_runner(pkv::parse_device(device_name), mt.model);
+        runner->init_kv_cache(geo, 0);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "generate: %s\n", e.what());
         return 1;

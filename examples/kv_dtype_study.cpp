@@ -41,7 +41,7 @@ struct Row {
 void decode(const pkv::Model& m, pkv::KVDtype dtype, const std::vector<int>& prompt, int n, const std::vector<int>& forced,
             std::vector<std::vector<float>>& logits, std::vector<int>& tokens) {
     const int bs = 16, total = (int)prompt.size() + n;
-    pkv::KVCache cache(pkv::KVGeometry{m.cfg.n_layers, pkv::blocks_for_tokens(total, bs), bs, m.cfg.n_kv_heads, m.cfg.head_dim(), dtype});
+    pkv::KVCache cache(pkv::KVGeometry{m.cfg.n_layers, (int)pkv::blocks_for_tokens(total, bs), bs, m.cfg.n_kv_heads, m.cfg.head_dim(), dtype});
     pkv::CpuForward fwd(m, cache);
     pkv::BlockPool pool(cache.geo.num_blocks, bs, false);
     pkv::BlockTable table;
@@ -108,7 +108,7 @@ Budget run_budget(const pkv::Model& m, pkv::KVDtype dtype) {
     ec.sched.max_num_seqs = 16;
     ec.log_interval_s = 0;
     pkv::StepClock clock;
-    pkv::Engine eng(m, ec, &clock);
+    pkv::Engine eng(std::make_unique<pkv::CpuRunner>(m), ec, &clock);
     pkv::SamplingParams sp;
     sp.max_tokens = 96;
     sp.ignore_eos = true;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
 
 namespace {

@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     }
     std::unique_ptr<pkv::Engine> engine;
     try {
-        engine = std::make_unique<pkv::Engine>(mt.model, engine_config(opt, opt.device));
+        engine = std::make_unique<pkv::Engine>(pkv::make_model_runner(opt.device, mt.model), engine_config(opt));
     } catch (const std::exception& e) {  // a bad size, or a device this build cannot run
         std::fprintf(stderr, "overload: %s\n", e.what());
         return 1;
@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
         // The same workload on the CPU, for the figure beside it (and a check:
         // the tokens must be the same; greedy argmax of float32 logits can
         // only differ on a near-tie, which we would report).
-        pkv::Engine cpu(mt.model, engine_config(opt, pkv::Device::kCpu));
+        pkv::Engine cpu(pkv::make_model_runner(pkv::Device::kCpu, mt.model), engine_config(opt));
         add_workload(cpu, mt.tok, opt);
         const auto c0 = std::chrono::steady_clock::now();
         cpu.run_until_done();

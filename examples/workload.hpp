@@ -30,6 +30,7 @@
 #endif
 
 #include "engine.hpp"
+#include "tiny_model/devices.hpp"
 #include "examples/cli.hpp"
 #include "tiny_model/tokenizer.hpp"
 
@@ -110,7 +111,7 @@ inline std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint
     return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
-inline pkv::EngineConfig engine_config(const Setup& s, pkv::Device device) {
+inline pkv::EngineConfig engine_config(const Setup& s) {
     pkv::EngineConfig ec;
     ec.num_blocks = s.num_blocks;
     ec.block_size = s.block_size;
@@ -124,9 +125,8 @@ inline pkv::EngineConfig engine_config(const Setup& s, pkv::Device device) {
     ec.sched.preemption = s.preemption;
     ec.sched.swap_space_blocks = s.swap_space_blocks;
     ec.kv_dtype = s.kv_dtype;
-    ec.kv_cache_bytes = (size_t)(s.kv_cache_mb * 1048576.0);
+    ec.kv_cache_bytes = (uint64_t)(s.kv_cache_mb * 1048576.0);
     ec.log_interval_s = s.log_interval;
-    ec.device = device;
     return ec;
 }
 
@@ -222,7 +222,7 @@ struct Measurement {
 inline Measurement run(const pkv::ModelAndTokenizer& mt, const Setup& s) {
     const std::vector<std::vector<int32_t>> prompts = make_prompts(mt.tok, s);
     StepAndWallClock clock;
-    pkv::Engine eng(mt.model, engine_config(s, s.device), &clock);
+    pkv::Engine eng(pkv::make_model_runner(s.device, mt.model), engine_config(s), &clock);
     Measurement out;
     out.requests = s.requests;
 

@@ -206,8 +206,8 @@ void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int dec
     Rng rng(seed);
     const int num_blocks = 3 * pkv::blocks_for_tokens(20 + decode_steps + 1, block_size) + 2;
     const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
-    auto cpu = pkv::make_model_runner(pkv::Device::kCpu, m, geo);
-    auto gpu = pkv::make_model_runner(kernel_device(), m, geo);
+    auto cpu = pkv_test::runner(m, pkv::Device::kCpu, geo);
+    auto gpu = pkv_test::runner(m, kernel_device(), geo);
     pkv::BlockPool pool = shuffled_pool(num_blocks, block_size, rng);
     std::vector<Seq> seqs(3);
     seqs[0].tokens = random_tokens(rng, 20, c.vocab_size);
@@ -513,7 +513,7 @@ TEST_CASE("rmsnorm_kernel is bit-identical to rmsnorm") {
         std::vector<float> want((size_t)R * dim);
         for (int r = 0; r < R; ++r) pkv::rmsnorm(&want[(size_t)r * dim], &x[(size_t)r * dim], w.data(), dim);
         pkv::DeviceBuffer<float> dout((size_t)R * dim);
-        pkv::launch(pkv::rmsnorm_kernel, Dim3(R), Dim3(128), 0, dout.data(), (const float*)dx.data(),
+        pkv::launch(pkv::rmsnorm_kernel<>, Dim3(R), Dim3(128), 0, dout.data(), (const float*)dx.data(),
                     (const float*)dw.data(), (const int32_t*)nullptr, dim);
         CHECK(first_bit_diff(to_host(dout, want.size()), want) == -1);
         // Rows by index: repeated, out of order, a subset.
@@ -523,7 +523,7 @@ TEST_CASE("rmsnorm_kernel is bit-identical to rmsnorm") {
         for (int i = 0; i < NR; ++i) pkv::rmsnorm(&want_rows[(size_t)i * dim], &x[(size_t)rows[(size_t)i] * dim], w.data(), dim);
         auto drows = to_device(rows);
         pkv::DeviceBuffer<float> dout_rows((size_t)NR * dim);
-        pkv::launch(pkv::rmsnorm_kernel, Dim3(NR), Dim3(128), 0, dout_rows.data(), (const float*)dx.data(),
+        pkv::launch(pkv::rmsnorm_kernel<>, Dim3(NR), Dim3(128), 0, dout_rows.data(), (const float*)dx.data(),
                     (const float*)dw.data(), (const int32_t*)drows.data(), dim);
         CHECK(first_bit_diff(to_host(dout_rows, want_rows.size()), want_rows) == -1);
     }
@@ -542,7 +542,7 @@ TEST_CASE("embedding_kernel copies the token rows") {
     auto demb = to_device(emb);
     auto dtok = to_device(tokens);
     pkv::DeviceBuffer<float> dx((size_t)T * dim);
-    pkv::launch(pkv::embedding_kernel, Dim3(T), Dim3(128), 0, dx.data(), (const float*)demb.data(),
+    pkv::launch(pkv::embedding_kernel<>, Dim3(T), Dim3(128), 0, dx.data(), (const float*)demb.data(),
                 (const int32_t*)dtok.data(), dim);
     CHECK(first_bit_diff(to_host(dx, want.size()), want) == -1);
 }
@@ -573,7 +573,7 @@ TEST_CASE("rope_kernel is bit-identical to rope") {
             pkv::rope(&want_k[(size_t)t * k_dim], k_dim, hd, positions[(size_t)t]);
         }
         auto dq = to_device(q), dk = to_device(k), dcs = to_device(cs);
-        pkv::launch(pkv::rope_kernel, Dim3(T), Dim3(128), 0, dq.data(), dk.data(), (const float*)dcs.data(), q_dim, k_dim, hd);
+        pkv::launch(pkv::rope_kernel<>, Dim3(T), Dim3(128), 0, dq.data(), dk.data(), (const float*)dcs.data(), q_dim, k_dim, hd);
         CHECK(first_bit_diff(to_host(dq, want_q.size()), want_q) == -1);
         CHECK(first_bit_diff(to_host(dk, want_k.size()), want_k) == -1);
         CHECK(first_bit_diff(q, want_q) != -1);  // the rotation did something
@@ -596,7 +596,7 @@ TEST_CASE("add_kernel and swiglu_kernel match the CPU") {
         std::vector<float> want_add((size_t)n);
         for (int i = 0; i < n; ++i) want_add[(size_t)i] = x[(size_t)i] + y[(size_t)i];
         auto dx = to_device(x), dy = to_device(y);
-        pkv::launch(pkv::add_kernel, Dim3(blocks), Dim3(256), 0, dx.data(), (const float*)dy.data(), n);
+        pkv::launch(pkv::add_kernel<>, Dim3(blocks), Dim3(256), 0, dx.data(), (const float*)dy.data(), n);
         CHECK(first_bit_diff(to_host(dx, (size_t)n), want_add) == -1);
         // swiglu: exactly CpuForward's loop.
         std::vector<float> want((size_t)n);
@@ -606,7 +606,7 @@ TEST_CASE("add_kernel and swiglu_kernel match the CPU") {
             want[(size_t)i] = val * y[(size_t)i];
         }
         auto dhb = to_device(x);
-        pkv::launch(pkv::swiglu_kernel, Dim3(blocks), Dim3(256), 0, dhb.data(), (const float*)dy.data(), n);
+        pkv::launch(pkv::swiglu_kernel<>, Dim3(blocks), Dim3(256), 0, dhb.data(), (const float*)dy.data(), n);
         const std::vector<float> got = to_host(dhb, (size_t)n);
 #ifdef __CUDACC__
         // CUDA's expf is within 2 ulp of the exact value, glibc's within 1:
@@ -715,17 +715,17 @@ TEST_CASE("make_model_runner picks the device and names the right build") {
     const pkv::Model m = small_random_model(1);
     const pkv::Config& c = m.cfg;
     const pkv::KVGeometry geo{c.n_layers, 4, 4, c.n_kv_heads, c.head_dim()};
-    auto cpu = pkv::make_model_runner(pkv::Device::kCpu, m, geo);
+    auto cpu = pkv_test::runner(m, pkv::Device::kCpu, geo);
     CHECK(dynamic_cast<pkv::CpuRunner*>(cpu.get()) != nullptr);
-    auto gpu = pkv::make_model_runner(kernel_device(), m, geo);
+    auto gpu = pkv_test::runner(m, kernel_device(), geo);
     CHECK(dynamic_cast<pkv::GpuRunner*>(gpu.get()) != nullptr);
-    CHECK(gpu->vocab_size() == c.vocab_size);
+    CHECK(gpu->model_config().vocab_size == c.vocab_size);
 
     const bool is_cuda = kernel_device() == pkv::Device::kCuda;
     const pkv::Device other = is_cuda ? pkv::Device::kEmulated : pkv::Device::kCuda;
     std::string msg;
     try {
-        (void)pkv::make_model_runner(other, m, geo);
+        (void)pkv::make_model_runner(other, m);
     } catch (const std::invalid_argument& e) {
         msg = e.what();
     }
@@ -739,8 +739,8 @@ TEST_CASE("make_model_runner picks the device and names the right build") {
     c6.n_kv_heads = 6;
     const pkv::Model m6 = pkv::make_random_model(c6, 2);
     const pkv::KVGeometry geo6{c6.n_layers, 4, 4, c6.n_kv_heads, c6.head_dim()};
-    CHECK_NOTHROW((void)pkv::make_model_runner(pkv::Device::kCpu, m6, geo6));
-    CHECK_THROWS_AS((void)pkv::make_model_runner(kernel_device(), m6, geo6), std::invalid_argument);
+    CHECK_NOTHROW((void)pkv_test::runner(m6, pkv::Device::kCpu, geo6));
+    CHECK_THROWS_AS((void)pkv::make_model_runner(kernel_device(), m6), std::invalid_argument);
     CHECK_THROWS_AS(pkv::parse_device("gpu"), std::invalid_argument);
 }
 
@@ -764,7 +764,7 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
     };
     auto make = [&](int block_size, int num_blocks) {
         const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
-        return pkv::make_model_runner(kernel_device(), m, geo);
+        return pkv_test::runner(m, kernel_device(), geo);
     };
     std::vector<std::vector<float>> alone, one_prefill, mixed;
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "tests/test_util.hpp"
 
 using namespace pkv;
 
@@ -69,10 +70,9 @@ EngineRun run_engine(KVDtype dtype, int num_blocks, Preemption mode, Device devi
     ec.sched.max_num_batched_tokens = 64;
     ec.sched.preemption = mode;
     ec.sched.swap_space_blocks = mode == Preemption::kSwap ? 200 : 0;
-    ec.device = device;
     ec.log_interval_s = 0;
     StepClock clock;
-    Engine eng(dtype_model(), ec, &clock);
+    Engine eng(pkv_test::runner(dtype_model(), device), ec, &clock);
     for (int i = 0; i < n; ++i) {
         std::vector<int32_t> prompt(5 + i % 4);
         for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = (int32_t)((i * 13 + j * 5 + 1) % 64);
@@ -185,11 +185,12 @@ TEST_CASE("attention over each dtype equals attention over its dequantized value
         std::string why;
         if (!device_available(&why)) continue;
         // The kernel, through device memory.
-        const size_t words = KVCache::layer_words(c.typed.geo);
-        DeviceBuffer<float> dk, dv, dks, dvs, dq, dout(q.size());
+        const size_t bytes = KVCache::layer_bytes(c.typed.geo);
+        DeviceBuffer<std::byte> dk, dv;
+        DeviceBuffer<float> dks, dvs, dq, dout(q.size());
         DeviceBuffer<int32_t> dt_tab, dseq, dpos;
-        dk.upload(c.typed.k.data(), words);
-        dv.upload(c.typed.v.data(), words);
+        dk.upload(c.typed.k.data(), bytes);
+        dv.upload(c.typed.v.data(), bytes);
         KVView kview{dt, dk.data(), nullptr, nkv, hd}, vview{dt, dv.data(), nullptr, nkv, hd};
         if (dt == KVDtype::kInt8) {
             dks.upload(c.typed.k_scale);
@@ -245,7 +246,7 @@ TEST_CASE("a byte budget sizes the pool by dtype") {
         ec.block_size = 4;
         ec.kv_dtype = dt;
         ec.kv_cache_bytes = budget;
-        Engine eng(dtype_model(), ec);
+        Engine eng(pkv_test::runner(dtype_model()), ec);
         blocks[k++] = eng.config().num_blocks;
     }
     const size_t f32_block = 2 * (size_t)c.n_layers * 4 * c.n_kv_heads * c.head_dim() * 4;
@@ -258,7 +259,7 @@ TEST_CASE("a byte budget sizes the pool by dtype") {
     CHECK(blocks[2] > 2 * blocks[0]);
     EngineConfig tiny;
     tiny.kv_cache_bytes = 10;
-    CHECK_THROWS_AS(Engine(dtype_model(), tiny), std::invalid_argument);
+    CHECK_THROWS_AS(Engine(pkv_test::runner(dtype_model()), tiny), std::invalid_argument);
 }
 
 // Determinism holds per dtype: preempted (recompute or swap) == ample cache.

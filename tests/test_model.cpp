@@ -228,8 +228,12 @@ struct ContiguousRef {
 
 pkv::KVCache nan_cache(const pkv::Config& c, int num_blocks, int block_size) {
     pkv::KVCache cache(pkv::KVGeometry{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()});
-    std::fill(cache.k.begin(), cache.k.end(), NAN);
-    std::fill(cache.v.begin(), cache.v.end(), NAN);
+    // Every f32 element NaN: a read of a slot nobody wrote poisons the result.
+    const float nan = NAN;
+    for (size_t i = 0; i + sizeof(float) <= cache.k.size(); i += sizeof(float)) {
+        std::memcpy(cache.k.data() + i, &nan, sizeof(float));
+        std::memcpy(cache.v.data() + i, &nan, sizeof(float));
+    }
     return cache;
 }
 
@@ -660,10 +664,15 @@ TEST_CASE("corrupt tokenizers throw FileError naming the file and the problem") 
 
     TempFile f("tok.bin");
     const std::string p = f.str();
-    write_bytes(p, valid);
-    const pkv::Tokenizer tok = pkv::Tokenizer::load(p, 4);
-    CHECK(tok.vocab == std::vector<std::string>{"<unk>", "ab", "", " x"});
-    CHECK(tok.scores == std::vector<float>{0.0f, -1.0f, 2.5f, 3.0f});
+    // It loads exactly once padded to the 259 pieces that llama2.c's layout
+    // needs (<unk>, <s>, </s> and the 256 byte pieces); alone it is refused.
+    std::string padding;
+    for (int i = 4; i < pkv::kMinVocabSize; ++i) padding += token(0.0f, "<" + std::to_string(i) + ">");
+    write_bytes(p, valid + padding);
+    const pkv::Tokenizer tok = pkv::Tokenizer::load(p, pkv::kMinVocabSize);
+    CHECK(std::vector<std::string>(tok.vocab.begin(), tok.vocab.begin() + 4) ==
+          std::vector<std::string>{"<unk>", "ab", "", " x"});
+    CHECK(std::vector<float>(tok.scores.begin(), tok.scores.begin() + 4) == std::vector<float>{0.0f, -1.0f, 2.5f, 3.0f});
     CHECK(tok.lookup(" x") == 3);
 
     auto load4 = [&] { (void)pkv::Tokenizer::load(p, 4); };
@@ -671,6 +680,7 @@ TEST_CASE("corrupt tokenizers throw FileError naming the file and the problem") 
         write_bytes(p, bytes);
         check_file_error(load4, p, problem);
     };
+    with(valid, "tokenizer has 4 tokens, but llama2.c's layout needs at least 259");
     with("", "truncated tokenizer (no header)");
     with(hdr.substr(0, 3), "truncated tokenizer (no header)");
     with(hdr + t0 + t1 + t2.substr(0, 4), "truncated tokenizer inside token 2");     // score, no length

@@ -122,12 +122,12 @@ TEST_CASE("slot_of and kv_offset follow the header's worked example") {
     CHECK(blocks_for_tokens(10, 4) == 3);
 
     KVGeometry g{2, 10, 4, 3, 8};
-    CHECK(g.floats_per_slot() == 24u);
-    CHECK(g.floats_per_block() == 96u);
-    CHECK(g.floats_per_layer() == 960u);
+    CHECK(g.elems_per_slot() == 24u);
+    CHECK(g.elems_per_block() == 96u);
+    CHECK(g.elems_per_layer() == 960u);
     KVCache cache(g);
-    CHECK(cache.k.size() == 1920u);
-    CHECK(cache.k_layer(1) - cache.k_layer(0) == 960);
+    CHECK(cache.k.size() == 1920u * sizeof(float));
+    CHECK(cache.k_layer(1) - cache.k_layer(0) == 960 * (std::ptrdiff_t)sizeof(float));
     CHECK(cache.bytes() == 2u * 1920u * sizeof(float));
 }
 
@@ -254,10 +254,13 @@ TEST_CASE("check_invariants detects inconsistent inputs") {
         CHECK(invariants(pool, {&bad_hi, &b}) != "");
         CHECK(invariants(pool, {&bad_lo, &b}) != "");
     }
-    SUBCASE("a release of a block that is already free") {
-        pool.release({5});  // ref_cnt goes to -1: a caller bug the checker must see
-        CHECK(pool.block(5).ref_cnt == -1);
-        CHECK(invariants(pool, {&a, &b}) != "");
+    SUBCASE("a release of a block that is already free is refused, changing nothing") {
+        CHECK_THROWS_AS(pool.release({5}), std::logic_error);
+        CHECK_THROWS_AS(pool.release({2, 2}), std::logic_error);  // held once, released twice
+        CHECK_THROWS_AS(pool.release({6}), std::out_of_range);
+        CHECK(pool.block(5).ref_cnt == 0);
+        CHECK(pool.block(2).ref_cnt == 1);
+        CHECK(invariants(pool, {&a, &b}) == "");
     }
 }
 
@@ -265,9 +268,11 @@ TEST_CASE("check_invariants detects inconsistent inputs") {
 // 3. LRU order of the free list
 // ---------------------------------------------------------------------------
 
-// The head is the least recently freed block: allocate pops from the head,
-// release appends to the tail, in the order given.
-TEST_CASE("free list is an LRU queue: pop head, append tail") {
+// allocate pops from the head. A released block with no cached contents goes
+// to the head (it is worth nothing, so it is reused first); a block with a
+// prefix-cache hash goes to the tail, so cached blocks leave in LRU order.
+// Several released at once keep the order given, at either end.
+TEST_CASE("free list order: uncached blocks to the head, cached ones to the tail") {
     BlockPool pool(6, 4, false);
     Ids a;
     REQUIRE(pool.allocate(2, a));
@@ -276,19 +281,34 @@ TEST_CASE("free list is an LRU queue: pop head, append tail") {
     CHECK(walk_free_list(pool) == Ids{2, 3, 4, 5});
 
     pool.release({1});
-    CHECK(walk_free_list(pool) == Ids{2, 3, 4, 5, 1});
+    CHECK(walk_free_list(pool) == Ids{1, 2, 3, 4, 5});
     pool.release({0});
-    CHECK(walk_free_list(pool) == Ids{2, 3, 4, 5, 1, 0});
+    CHECK(walk_free_list(pool) == Ids{0, 1, 2, 3, 4, 5});
 
     Ids b;
     REQUIRE(pool.allocate(5, b));
-    CHECK(b == Ids{2, 3, 4, 5, 1});  // oldest free first, the just-freed last
-    CHECK(walk_free_list(pool) == Ids{0});
+    CHECK(b == Ids{0, 1, 2, 3, 4});  // the just-freed first
+    CHECK(walk_free_list(pool) == Ids{5});
     CHECK(invariants(pool, {&b}) == "");
+    pool.release({4, 2});
+    CHECK(walk_free_list(pool) == Ids{4, 2, 5});
 
-    // Releasing several at once appends them in argument order.
-    pool.release({4, 2, 5});
-    CHECK(walk_free_list(pool) == Ids{0, 4, 2, 5});
+    // With prefix caching: 9 tokens fill blocks 0 and 1 (cached) and start
+    // block 2 (not full, so not cached).
+    BlockPool pc(6, 4, true);
+    const Ids toks = tokens_from(50, 9);
+    BlockTable t = prefill(pc, toks, 9);
+    REQUIRE(t.blocks == Ids{0, 1, 2});
+    CHECK(walk_free_list(pc) == Ids{3, 4, 5});
+    free_blocks(pc, t);  // released 2, 1, 0: 2 to the head, then 1 and 0 to the tail
+    CHECK(walk_free_list(pc) == Ids{2, 3, 4, 5, 1, 0});
+    CHECK(invariants(pc, {}) == "");
+    // Five allocations take everything uncached first, then the least
+    // recently freed cached block (1); block 0, the prompt's head, survives.
+    Ids c;
+    REQUIRE(pc.allocate(5, c));
+    CHECK(c == Ids{2, 3, 4, 5, 1});
+    CHECK(find_cached_prefix(pc, toks.data(), 9) == Ids{0});
 }
 
 // free_blocks releases a table's last logical block first, so it sits nearer
@@ -328,13 +348,13 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     BlockTable a = prefill(pool, toks, 17);  // blocks 0..4, four full ones cached
     REQUIRE(a.blocks == Ids{0, 1, 2, 3, 4});
     REQUIRE(pool.num_cached_blocks() == 4);
-    free_blocks(pool, a);
-    REQUIRE(walk_free_list(pool) == Ids{5, 4, 3, 2, 1, 0});
+    free_blocks(pool, a);  // 4 (partial, uncached) to the head, 3..0 to the tail
+    REQUIRE(walk_free_list(pool) == Ids{4, 5, 3, 2, 1, 0});
 
     Ids held;
     pool.touch({2});  // middle
     held.push_back(2);
-    CHECK(walk_free_list(pool) == Ids{5, 4, 3, 1, 0});
+    CHECK(walk_free_list(pool) == Ids{4, 5, 3, 1, 0});
     CHECK(pool.num_free_blocks() == 5);
     CHECK(pool.block(2).ref_cnt == 1);
     CHECK_FALSE(pool.block(2).in_free_list);
@@ -344,13 +364,13 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     CHECK(pool.num_cached_blocks() == 4);
     CHECK(invariants(pool, {&held}) == "");
 
-    pool.touch({5});  // head
-    held.push_back(5);
-    CHECK(pool.free_list_head() == 4);
-    CHECK(walk_free_list(pool) == Ids{4, 3, 1, 0});
+    pool.touch({4});  // head
+    held.push_back(4);
+    CHECK(pool.free_list_head() == 5);
+    CHECK(walk_free_list(pool) == Ids{5, 3, 1, 0});
     pool.touch({0});  // tail
     held.push_back(0);
-    CHECK(walk_free_list(pool) == Ids{4, 3, 1});
+    CHECK(walk_free_list(pool) == Ids{5, 3, 1});
     CHECK(invariants(pool, {&held}) == "");  // also checks the tail pointer
 
     // Touching a held block only adds a reference.
@@ -360,12 +380,12 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     const Ids again{2};
     CHECK(invariants(pool, {&held, &again}) == "");
 
-    // And the list keeps working as a queue afterwards.
+    // And the list keeps working afterwards: 0 is cached, so it goes to the tail.
     pool.release({0});
-    CHECK(walk_free_list(pool) == Ids{4, 3, 1, 0});
+    CHECK(walk_free_list(pool) == Ids{5, 3, 1, 0});
     Ids got;
     REQUIRE(pool.allocate(2, got));
-    CHECK(got == Ids{4, 3});
+    CHECK(got == Ids{5, 3});
 }
 
 // ---------------------------------------------------------------------------
@@ -581,8 +601,8 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
     const Ids toks = tokens_from(40, 9);
     BlockTable a = prefill(pool, toks, 9);
     REQUIRE(a.blocks == Ids{0, 1, 2});
-    free_blocks(pool, a);
-    REQUIRE(walk_free_list(pool) == Ids{3, 2, 1, 0});
+    free_blocks(pool, a);  // 2 (partial) to the head, 1 and 0 (cached) to the tail
+    REQUIRE(walk_free_list(pool) == Ids{2, 3, 1, 0});
 
     CHECK(pool.num_free_blocks() == 4);
     CHECK(pool.kv_cache_usage_perc() == 0.0);  // cached-but-free counts as free
@@ -593,8 +613,8 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
     CHECK(invariants(pool, {}) == "");
 
     Ids other;
-    REQUIRE(pool.allocate(2, other));  // 3 and 2: neither was cached
-    CHECK(other == Ids{3, 2});
+    REQUIRE(pool.allocate(2, other));  // 2 and 3: neither was cached
+    CHECK(other == Ids{2, 3});
     CHECK(find_cached_prefix(pool, toks.data(), 9) == Ids{0, 1});
 
     REQUIRE(pool.allocate(1, other));  // block 1: evicted now

@@ -148,7 +148,7 @@ EngineConfig engine_config(int num_blocks, int block_size) {
 // with `ec` throws; "" when it builds.
 std::string construction_error(const EngineConfig& ec) {
     try {
-        (void)Engine(tiny_model(), ec);
+        (void)Engine(pkv_test::runner(tiny_model()), ec);
     } catch (const std::invalid_argument& e) {
         return e.what();
     }
@@ -199,7 +199,7 @@ struct RunResult {
 // Add every request at once, step to completion, checking the pool after each step.
 RunResult run_workload(const Workload& w, const EngineConfig& ec) {
     StepClock clock;
-    Engine eng(tiny_model(), ec, &clock);
+    Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     for (size_t i = 0; i < w.prompts.size(); ++i) eng.add_request(w.prompts[i], w.params[i]);
     RunResult res;
     long steps = 0;
@@ -354,7 +354,7 @@ TEST_CASE("preemption takes the newest running request first; victims go to the 
         CHECK(v->block_table.blocks.empty());
         CHECK(v->num_tokens() == 5);  // its output token is kept, to be recomputed
     }
-    CHECK(s.num_preemptions_total == 2);
+    CHECK(s.stats().num_preemptions_total == 2);
     CHECK(s.request(0)->block_table.blocks.size() == 2);
     CHECK(pool.num_free_blocks() == 1);
     CHECK(invariants(s, pool) == "");
@@ -402,7 +402,7 @@ TEST_CASE("the newest request preempts itself when it cannot grow") {
     out = s.schedule();
     CHECK(names(out.preempted) == "B");
     CHECK(names(out.scheduled) == "A");
-    CHECK(out.num_scheduled_tokens == 1);
+    CHECK(out.total_num_scheduled_tokens == 1);
     CHECK(names(s.running()) == "A");
     CHECK(names(s.waiting()) == "B");
     CHECK(b->state == RequestState::kPreempted);
@@ -440,7 +440,7 @@ TEST_CASE("no admission in a step with a preemption") {
     CHECK(names(out.scheduled) == "A");
     CHECK(names(s.waiting()) == "B");
     // B's first chunk under the budget left this step would fit right now...
-    const int budget_left = cfg.max_num_batched_tokens - out.num_scheduled_tokens;
+    const int budget_left = cfg.max_num_batched_tokens - out.total_num_scheduled_tokens;
     CHECK(blocks_for_tokens(std::min(b->num_tokens(), budget_left), 4) <= pool.num_free_blocks());
     // ...but it was not admitted.
     CHECK(b->state == RequestState::kPreempted);
@@ -515,7 +515,7 @@ TEST_CASE("victim oldest: the oldest running request goes first, even one schedu
         simulate_step(s, out);
 
         out = s.schedule();
-        CHECK(out.num_scheduled_tokens <= cfg.max_num_batched_tokens);
+        CHECK(out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens);
         CHECK(out.resumed.empty());
         CHECK(invariants(s, pool) == "");
         if (victim == Victim::kNewest) {
@@ -528,7 +528,7 @@ TEST_CASE("victim oldest: the oldest running request goes first, even one schedu
             // victim it is taken out of the step again, and its block is C's.
             CHECK(names(out.preempted) == "A");
             CHECK(names(out.scheduled) == "BC");
-            CHECK(out.num_scheduled_tokens == 2);
+            CHECK(out.total_num_scheduled_tokens == 2);
             CHECK(names(s.running()) == "BC");
             CHECK(names(s.waiting()) == "AD");
             const Request* a = s.request(0);
@@ -597,7 +597,7 @@ TEST_CASE("victim oldest: one requester can preempt several victims, oldest firs
     CHECK(names(out.scheduled) == "C");
     REQUIRE(out.scheduled.size() == 1);
     CHECK(out.scheduled[0].num_new_tokens == 2);
-    CHECK(out.num_scheduled_tokens == 2);
+    CHECK(out.total_num_scheduled_tokens == 2);
     CHECK(c->block_table.blocks.size() == 3);
     CHECK(s.request(1)->block_table.blocks.empty());
     CHECK(s.request(1)->num_computed_tokens == 0);
@@ -640,7 +640,7 @@ TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") 
         // A takes the last free block for position 8 and is scheduled
         // (budget 9 -> 8). B cannot grow.
         out = s.schedule();
-        CHECK(out.num_scheduled_tokens <= cfg.max_num_batched_tokens);
+        CHECK(out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens);
         CHECK(invariants(s, pool) == "");
         if (victim == Victim::kOldest) {
             // B's victim is A: A's 3 blocks (the one it just got included) go
@@ -652,7 +652,7 @@ TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") 
             REQUIRE(out.scheduled.size() == 2);
             CHECK(out.scheduled[0].num_new_tokens == 1);
             CHECK(out.scheduled[1].num_new_tokens == 8);
-            CHECK(out.num_scheduled_tokens == cfg.max_num_batched_tokens);
+            CHECK(out.total_num_scheduled_tokens == cfg.max_num_batched_tokens);
             CHECK(a->block_table.blocks.empty());
             CHECK(c->block_table.blocks.size() == 4);
             CHECK(pool.num_free_blocks() == 0);
@@ -660,7 +660,7 @@ TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") 
             // B's victim is C, behind the cursor and not yet scheduled.
             CHECK(names(out.preempted) == "C");
             CHECK(names(out.scheduled) == "AB");
-            CHECK(out.num_scheduled_tokens == 2);
+            CHECK(out.total_num_scheduled_tokens == 2);
         }
         run_to_end(s, pool, out, 200);
         for (const Request* r : {a, b, c}) CHECK(r->finish_reason == FinishReason::kMaxTokens);
@@ -674,7 +674,7 @@ TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") 
 // Proves requests that can never run are rejected at add_request with a reason, and the rest still finish.
 TEST_CASE("requests that can never run are rejected at add_request") {
     StepClock clock;
-    Engine eng(tiny_model(), engine_config(4, 4), &clock);  // 16 token slots: max_model_len 16
+    Engine eng(pkv_test::runner(tiny_model()), engine_config(4, 4), &clock);  // 16 token slots: max_model_len 16
     REQUIRE(eng.config().sched.max_model_len == 16);
     Recorder rec;
     rec.attach(eng);
@@ -715,7 +715,7 @@ TEST_CASE("max_waiting rejects the overflow as retryable") {
     StepClock clock;
     EngineConfig ec = engine_config(16, 4);
     ec.sched.max_waiting = 2;
-    Engine eng(tiny_model(), ec, &clock);
+    Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     Rng rng(6);
     const int a = eng.add_request(random_prompt(rng, 4), max_tokens(3));
     const int b = eng.add_request(random_prompt(rng, 4), max_tokens(3));
@@ -742,7 +742,7 @@ TEST_CASE("engine construction validates max_model_len") {
         CHECK(!msg.empty());
         CHECK(msg.find("--num-blocks") != std::string::npos);
         ec.sched.max_model_len = 16;  // exactly fits
-        CHECK_NOTHROW((void)Engine(tiny_model(), ec));
+        CHECK_NOTHROW((void)Engine(pkv_test::runner(tiny_model()), ec));
     }
     SUBCASE("larger than the model's context") {
         EngineConfig ec = engine_config(128, 4);  // 512 slots, the model has 256
@@ -752,8 +752,8 @@ TEST_CASE("engine construction validates max_model_len") {
         CHECK(msg.find("--max-model-len") != std::string::npos);
     }
     SUBCASE("derived from the smaller of pool and context") {
-        CHECK(Engine(tiny_model(), engine_config(128, 4)).config().sched.max_model_len == 256);
-        CHECK(Engine(tiny_model(), engine_config(10, 4)).config().sched.max_model_len == 40);
+        CHECK(Engine(pkv_test::runner(tiny_model()), engine_config(128, 4)).config().sched.max_model_len == 256);
+        CHECK(Engine(pkv_test::runner(tiny_model()), engine_config(10, 4)).config().sched.max_model_len == 40);
     }
 }
 
@@ -766,7 +766,7 @@ TEST_CASE("chunked prefill respects the token budget") {
     StepClock clock;
     EngineConfig ec = engine_config(64, 4);
     ec.sched.max_num_batched_tokens = 5;
-    Engine eng(tiny_model(), ec, &clock);
+    Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     int bad_token_events = 0;
     eng.on_event = [&](const StreamEvent& e) {
         if (e.type != EventType::kToken) return;
@@ -813,7 +813,7 @@ TEST_CASE("abort from every state frees the request's blocks at once") {
         EngineConfig ec = engine_config(kBlocks, 4);  // max_model_len 48
         ec.sched.max_num_batched_tokens = 4;
         ec.enable_prefix_caching = caching;
-        Engine eng(tiny_model(), ec, &clock);
+        Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
         Recorder rec;
         rec.attach(eng);
         Rng rng(8);
@@ -906,7 +906,7 @@ TEST_CASE("abort from every state frees the request's blocks at once") {
 // Proves an abort from inside on_event ends the request at once: no later token or event, reason stays kAborted.
 TEST_CASE("abort from inside the event callback ends the request at once") {
     StepClock clock;
-    Engine eng(tiny_model(), engine_config(16, 4), &clock);
+    Engine eng(pkv_test::runner(tiny_model()), engine_config(16, 4), &clock);
     Recorder rec;
     Rng rng(16);
     const int a = eng.add_request(random_prompt(rng, 3), max_tokens(3));
@@ -978,7 +978,7 @@ TEST_CASE("a resumed request hits its own surviving blocks in the prefix cache")
     out = s.schedule();  // A takes the last free block; B cannot grow and preempts itself
     CHECK(names(out.preempted) == "B");
     CHECK(pool.num_free_blocks() == 3);
-    long hits_before = s.prefix_cache_hits;
+    long hits_before = s.stats().prefix_cache_hits;
     // A grows until it takes one block from the free list: B's last block
     // (freed first), which loses its cached contents.
     for (int guard = 0; a->block_table.blocks.size() < 3; ++guard) {
@@ -998,7 +998,7 @@ TEST_CASE("a resumed request hits its own surviving blocks in the prefix cache")
     CHECK(b->block_table.blocks[0] == b_blocks[0]);
     CHECK(b->block_table.blocks[1] == b_blocks[1]);
     CHECK(b->num_computed_tokens == 8);
-    CHECK(s.prefix_cache_hits - hits_before == 8);
+    CHECK(s.stats().prefix_cache_hits - hits_before == 8);
     REQUIRE(out.scheduled.size() == 1);
     CHECK(out.scheduled[0].num_new_tokens == 5);  // positions 8..12; 8..11 are recomputed
     CHECK(invariants(s, pool) == "");
@@ -1128,7 +1128,7 @@ TEST_CASE("randomized stress: invariants after every step") {
         CAPTURE((int)ec.sched.victim);
 
         StepClock clock;
-        Engine eng(tiny_model(), ec, &clock);
+        Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
         const int mml = eng.config().sched.max_model_len;
         CAPTURE(mml);
         long token_events = 0, finished_events = 0, rejected_events = 0, preempted_events = 0;
@@ -1248,6 +1248,7 @@ TEST_CASE("randomized stress: invariants after every step") {
                     ++total_rejected;
                     break;
                 case FinishReason::kNone: FAIL("finished without a reason"); break;
+                case FinishReason::kError: FAIL("a forward pass failed: " << r->reject_reason); break;
             }
             finished_not_rejected += r->finish_reason != FinishReason::kRejected;
             CHECK(r->num_tokens() <= std::max(mml, r->num_prompt_tokens));
@@ -1276,7 +1277,7 @@ TEST_CASE("randomized stress: invariants after every step") {
         ref_cfg.sched.max_num_seqs = 64;
         ref_cfg.sched.max_num_batched_tokens = 4096;
         StepClock ref_clock;
-        Engine ref(tiny_model(), ref_cfg, &ref_clock);
+        Engine ref(pkv_test::runner(tiny_model()), ref_cfg, &ref_clock);
         std::vector<int> ref_id(num_requests, -1);
         for (int id = 0; id < num_requests; ++id)
             if (eng.request(id)->finish_reason != FinishReason::kRejected) ref_id[id] = ref.add_request(prompts[id], params[id]);
@@ -1322,7 +1323,7 @@ TEST_CASE("metrics agree with the event stream") {
     StepClock clock;
     EngineConfig ec = engine_config(12, 4);
     ec.sched.max_waiting = 9;
-    Engine eng(tiny_model(), ec, &clock);
+    Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     Recorder rec;
     rec.attach(eng);
     Rng rng(12);
@@ -1417,7 +1418,7 @@ TEST_CASE("reserve admission never preempts and completes") {
     }
     CHECK(a->finish_reason == FinishReason::kMaxTokens);
     CHECK(b->finish_reason == FinishReason::kMaxModelLen);
-    CHECK(s.num_preemptions_total == 0);
+    CHECK(s.stats().num_preemptions_total == 0);
 }
 
 // Proves the watermark keeps its cushion free at admission but never keeps a request out of an idle engine.
@@ -1478,7 +1479,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
         StepClock clock;
         EngineConfig ec = engine_config(8, 4);  // max_model_len 32
         ec.sched.watermark = 0.5;
-        Engine eng(tiny_model(), ec, &clock);
+        Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
         Rng rng(14);
         const int big = eng.add_request(random_prompt(rng, 29), max_tokens(3));  // 32 tokens: all 8 blocks
         const int small = eng.add_request(random_prompt(rng, 2), max_tokens(2));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "tests/test_util.hpp"
 
 using namespace pkv;
 
@@ -46,10 +47,9 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
     ec.sched.max_num_batched_tokens = 64;
     ec.sched.preemption = mode;
     ec.sched.swap_space_blocks = swap_blocks;
-    ec.device = device;
     ec.log_interval_s = 0;
     StepClock clock;
-    Engine eng(swap_model(), ec, &clock);
+    Engine eng(pkv_test::runner(swap_model(), device), ec, &clock);
     for (int i = 0; i < n; ++i) {
         std::vector<int32_t> prompt(6 + i % 5);
         for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = (int32_t)((i * 7 + j * 3 + (j == 0 ? 0 : 5)) % 64);
@@ -78,7 +78,7 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
     r.metrics = eng.metrics();
     // Nothing leaks: every device block and every swap slot is free again.
     CHECK(eng.pool().num_free_blocks() == num_blocks);
-    CHECK(eng.scheduler().swap_slots_in_use() == 0);
+    CHECK(eng.scheduler().swap_space().in_use() == 0);
     return r;
 }
 
@@ -154,7 +154,7 @@ TEST_CASE("abort of a swapped-out request frees its swap slots") {
     ec.sched.swap_space_blocks = 64;
     ec.log_interval_s = 0;
     StepClock clock;
-    Engine eng(swap_model(), ec, &clock);
+    Engine eng(pkv_test::runner(swap_model()), ec, &clock);
     SamplingParams sp;
     sp.max_tokens = 30;
     sp.ignore_eos = true;
@@ -167,13 +167,13 @@ TEST_CASE("abort of a swapped-out request frees its swap slots") {
     REQUIRE(victim >= 0);
     const int held = (int)eng.request(victim)->swap_slots.size();
     CHECK(held > 0);
-    const int in_use = eng.scheduler().swap_slots_in_use();
+    const int in_use = eng.scheduler().swap_space().in_use();
     CHECK(eng.abort(victim));
-    CHECK(eng.scheduler().swap_slots_in_use() == in_use - held);
+    CHECK(eng.scheduler().swap_space().in_use() == in_use - held);
     CHECK(eng.request(victim)->swap_slots.empty());
     CHECK(eng.check_invariants() == "");
     eng.run_until_done();
-    CHECK(eng.scheduler().swap_slots_in_use() == 0);
+    CHECK(eng.scheduler().swap_space().in_use() == 0);
     CHECK(eng.pool().num_free_blocks() == 12);
 }
 

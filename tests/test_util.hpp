@@ -28,11 +28,27 @@
 #include <utility>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
+#include "tiny_model/devices.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
+#include "tiny_model/runner.hpp"
 
 namespace pkv_test {
+
+// A model runner for `m` on `device` (the CPU forward by default): what an
+// Engine is built on.
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device = pkv::Device::kCpu) {
+    return pkv::make_model_runner(device, m);
+}
+// The same, with its KV cache allocated for `geo`, for tests that drive a
+// runner directly.
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0) {
+    auto r = pkv::make_model_runner(device, m);
+    r->init_kv_cache(geo, swap_blocks);
+    return r;
+}
 
 // ---------------------------------------------------------------------------
 // Random test inputs

@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "block_pool.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/model.hpp"
 
@@ -62,7 +63,7 @@ struct ForwardBatch {
     // one classifier row, not 100.
     void add_sequence(const std::vector<int32_t>& table, int block_size, const int32_t* tokens, int first_pos, int n,
                       bool want_logits) {
-        if (blocks_for_tokens(first_pos + n, block_size) > (int)table.size())
+        if (blocks_for_tokens((int64_t)first_pos + n, block_size) > (int64_t)table.size())
             throw std::logic_error("add_sequence: block table too short for its tokens");
         const int seq = num_seqs();
         if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
@@ -213,6 +214,10 @@ struct CpuForward {
     std::vector<float> x, xb, q, k, v, att, hb, hb2;
 
     CpuForward(const Model& m, KVCache& c) : model(m), cache(c) {}
+    // It refers to a model and a cache it does not own: copying it would give
+    // two objects writing one cache, so we forbid it (and moving with it).
+    CpuForward(const CpuForward&) = delete;
+    CpuForward& operator=(const CpuForward&) = delete;
 
     // Runs the batch; fills logits [num_logits, vocab_size].
     void forward(const ForwardBatch& b, std::vector<float>& logits) {

@@ -30,6 +30,7 @@
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
+#include "tiny_model/runner.hpp"
 #include "tiny_model/sampler.hpp"
 
 namespace pkv {
@@ -50,7 +51,8 @@ namespace pkv {
 
 // grid (T), block (128): x[t] = embedding row of token t.
 // Consecutive threads copy consecutive floats: coalesced reads and writes.
-static __global__ void embedding_kernel(float* x, const float* emb, const int32_t* tokens, int dim) {
+template <class = void>
+PKV_KERNEL void embedding_kernel(float* x, const float* emb, const int32_t* tokens, int dim) {
     const float* row = emb + (size_t)tokens[blockIdx.x] * dim;  // [dim]
     for (int i = threadIdx.x; i < dim; i += blockDim.x) x[(size_t)blockIdx.x * dim + i] = row[i];
 }
@@ -59,7 +61,8 @@ static __global__ void embedding_kernel(float* x, const float* emb, const int32_
 // The sum of squares is summed by *every* thread, sequentially, in the CPU's
 // order: dim multiply-adds of redundant work buy an exact match with the CPU
 // and no barrier (a tree reduction would reorder the sum).
-static __global__ void rmsnorm_kernel(float* out, const float* x, const float* w, const int32_t* rows, int dim) {
+template <class = void>
+PKV_KERNEL void rmsnorm_kernel(float* out, const float* x, const float* w, const int32_t* rows, int dim) {
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[r] : r) * dim;  // [dim]
     float ss = 0.0f;
@@ -96,7 +99,8 @@ static __global__ void rmsnorm_kernel(float* out, const float* x, const float* w
 
 constexpr int kGemmRows = 128, kGemmTokens = 4, kGemmK = 32;
 
-static __global__ void gemm_kernel(float* out, const float* x, const float* W, int T, int n, int d) {
+template <class = void>
+PKV_KERNEL void gemm_kernel(float* out, const float* x, const float* W, int T, int n, int d) {
     float* ws = shared_memory<float>();           // [kGemmRows, kGemmK + 1] (padded: no bank conflicts)
     float* xs = ws + kGemmRows * (kGemmK + 1);    // [kGemmTokens, kGemmK]
     const int tid = threadIdx.x;
@@ -117,7 +121,7 @@ static __global__ void gemm_kernel(float* out, const float* x, const float* W, i
             const int tt = i / kGemmK, col = i % kGemmK;
             xs[i] = (col < kn && t0 + tt < T) ? x[(size_t)(t0 + tt) * n + k0 + col] : 0.0f;
         }
-        __syncthreads();
+        syncthreads();
         if (o < d) {
             const float* wr = ws + tid * (kGemmK + 1);
             for (int kk = 0; kk < kn; kk += 8)
@@ -126,7 +130,7 @@ static __global__ void gemm_kernel(float* out, const float* x, const float* W, i
                     for (int tt = 0; tt < kGemmTokens; ++tt) acc[tt][l] += wv * xs[tt * kGemmK + kk + l];
                 }
         }
-        __syncthreads();
+        syncthreads();
     }
     if (o >= d) return;
     for (int tt = 0; tt < kGemmTokens && t0 + tt < T; ++tt) {
@@ -141,7 +145,7 @@ static __global__ void gemm_kernel(float* out, const float* x, const float* W, i
 // groups of 4; the last group of each may be partial (the kernel guards it).
 inline void gemm(float* out, const float* x, const float* W, int T, int n, int d) {
     const size_t smem = (size_t)(kGemmRows * (kGemmK + 1) + kGemmTokens * kGemmK) * sizeof(float);
-    launch(gemm_kernel, dim3((d + kGemmRows - 1) / kGemmRows, (T + kGemmTokens - 1) / kGemmTokens), dim3(kGemmRows), smem, out,
+    launch(gemm_kernel<>, dim3((d + kGemmRows - 1) / kGemmRows, (T + kGemmTokens - 1) / kGemmTokens), dim3(kGemmRows), smem, out,
            x, W, T, n, d);
 }
 
@@ -152,7 +156,8 @@ inline void gemm(float* out, const float* x, const float* W, int T, int n, int d
 // device-computed angles would differ from the CPU path in the last bits.
 // The table costs T * head_dim floats per step and makes RoPE bit-identical.
 // One thread rotates one (even, odd) pair; q's pairs come first, then k's.
-static __global__ void rope_kernel(float* q, float* k, const float* cs, int q_dim, int k_dim, int head_dim) {
+template <class = void>
+PKV_KERNEL void rope_kernel(float* q, float* k, const float* cs, int q_dim, int k_dim, int head_dim) {
     const int t = blockIdx.x, half = head_dim / 2;
     const float* cst = cs + (size_t)t * half * 2;
     for (int p = threadIdx.x; p < (q_dim + k_dim) / 2; p += blockDim.x) {
@@ -167,7 +172,8 @@ static __global__ void rope_kernel(float* q, float* k, const float* cs, int q_di
 // The one place the model calls expf on the device: on a GPU this is CUDA's
 // expf, not glibc's, which is why GPU logits match the CPU's only to ~1e-6
 // relative; emulated it is glibc's and the match is exact.
-static __global__ void swiglu_kernel(float* hb, const float* hb2, int n) {
+template <class = void>
+PKV_KERNEL void swiglu_kernel(float* hb, const float* hb2, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float val = hb[i];
@@ -177,7 +183,8 @@ static __global__ void swiglu_kernel(float* hb, const float* hb2, int n) {
 
 // grid (ceil(n / 256)), block (256): x += y (the residual connections).
 // A flat index over [T, dim]: elementwise kernels do not care about rows.
-static __global__ void add_kernel(float* x, const float* y, int n) {
+template <class = void>
+PKV_KERNEL void add_kernel(float* x, const float* y, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -187,7 +194,8 @@ static __global__ void add_kernel(float* x, const float* y, int n) {
 // tree halves the candidates 8 times; a tie keeps the lower index, so the
 // result does not depend on which thread saw what.
 constexpr int kArgmaxThreads = 256;
-static __global__ void argmax_kernel(int32_t* out, const float* logits, int V) {
+template <class = void>
+PKV_KERNEL void argmax_kernel(int32_t* out, const float* logits, int V) {
     float* sval = shared_memory<float>();                              // [256]
     int32_t* sidx = reinterpret_cast<int32_t*>(sval + kArgmaxThreads);  // [256]
     const float* row = logits + (size_t)blockIdx.x * V;
@@ -198,7 +206,7 @@ static __global__ void argmax_kernel(int32_t* out, const float* logits, int V) {
         if (row[i] > best || best_i == V) { best = row[i]; best_i = i; }
     sval[tid] = best;
     sidx[tid] = best_i;
-    __syncthreads();
+    syncthreads();
     for (int stride = kArgmaxThreads / 2; stride > 0; stride /= 2) {
         if (tid < stride) {
             const float v = sval[tid + stride];
@@ -208,99 +216,20 @@ static __global__ void argmax_kernel(int32_t* out, const float* logits, int V) {
                 sidx[tid] = vi;
             }
         }
-        __syncthreads();
+        syncthreads();
     }
     if (tid == 0) out[blockIdx.x] = sidx[0];
 }
 
 // Host side: one block per logits row; shared memory holds 256 (value, index) pairs.
 inline void argmax_rows(int32_t* out, const float* logits, int rows, int V) {
-    launch(argmax_kernel, dim3(rows), dim3(kArgmaxThreads), kArgmaxThreads * (sizeof(float) + sizeof(int32_t)), out, logits, V);
+    launch(argmax_kernel<>, dim3(rows), dim3(kArgmaxThreads), kArgmaxThreads * (sizeof(float) + sizeof(int32_t)), out, logits, V);
 }
 
 // ============================================================================
-// 2. Where the model runs: the ModelRunner interface and --device
+// 2. GpuRunner: the model on the kernels
 // ============================================================================
-
-// What the engine needs from a model: run a flat batch, give back logits.
-// Everything above this interface (scheduler, pool, metrics) is the same for
-// every device; everything below it owns the weights and the KV cache memory.
-// The block *ids* live in the scheduler; the block *contents* live here. That
-// split is what lets swap work: the scheduler decides which block goes to
-// which host slot, the runner moves the bytes.
-struct ModelRunner {
-    virtual ~ModelRunner() = default;
-    // Fills logits [num_logits, vocab_size] for the batch's logits_indices.
-    virtual void forward(const ForwardBatch& b, std::vector<float>& logits) = 0;
-    // Greedy shortcut: only the argmax of each logits row. A GPU computes it
-    // where the logits are and copies back one int per row instead of a row
-    // of vocab_size floats.
-    virtual void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) {
-        std::vector<float> logits;
-        forward(b, logits);
-        const int V = vocab_size();
-        tokens.resize(b.logits_indices.size());
-        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(logits.data() + i * V, V);
-    }
-    virtual int vocab_size() const = 0;
-
-    // Preemption by swap: copy whole blocks (every layer, K and V, data and
-    // int8 scales) between the KV cache and a host swap space of
-    // `swap_blocks` slots, given as (device block, host slot) pairs. One slot
-    // is geo.bytes_per_block() bytes:
-    //   [num_layers, 2 (K then V), data_bytes_per_block + scales_per_block * 4]
-    virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
-    virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
-};
-
-// Byte offset of layer l's K (kv = 0) or V (kv = 1) part inside host swap slot `slot`.
-inline size_t swap_slot_offset(const KVGeometry& g, int32_t slot, int layer, int kv) {
-    const size_t part = g.data_bytes_per_block() + g.scales_per_block() * sizeof(float);
-    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * part;
-}
-
-// Copy block `block` of one layer's K or V (`view`) to or from `host` (a swap
-// slot part): data bytes, then the int8 scales. `copy` is memcpy-like:
-// (dst, src, bytes), host->device or device->host as the caller needs.
-template <class Copy>
-inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t block, unsigned char* host, bool out, Copy copy) {
-    unsigned char* data = static_cast<unsigned char*>(view.data) + (size_t)block * g.data_bytes_per_block();
-    if (out) copy(host, data, g.data_bytes_per_block()); else copy(data, host, g.data_bytes_per_block());
-    if (g.scales_per_block() == 0) return;
-    unsigned char* sc = reinterpret_cast<unsigned char*>(view.scale + (size_t)block * g.scales_per_block());
-    unsigned char* hs = host + g.data_bytes_per_block();
-    const size_t n = g.scales_per_block() * sizeof(float);
-    if (out) copy(hs, sc, n); else copy(sc, hs, n);
-}
-
-// The CPU forward with a KV cache of its own (host memory, any dtype). Its
-// "swap" is a memcpy between the cache and a host array: the same bookkeeping
-// as on a GPU, without the PCIe link that makes swapping expensive there.
-class CpuRunner : public ModelRunner {
-public:
-    CpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
-        : model_(m), cache_(geo), fwd_(m, cache_), swap_((size_t)swap_blocks * geo.bytes_per_block()) {}
-    void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
-    int vocab_size() const override { return model_.cfg.vocab_size; }
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, true); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, false); }
-
-private:
-    void copy(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
-        const KVGeometry& g = cache_.geo;
-        auto memcpy_ = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < g.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(g, kv ? cache_.v_view(l) : cache_.k_view(l), block, swap_.data() + swap_slot_offset(g, slot, l, kv),
-                                    out, memcpy_);
-    }
-    const Model& model_;
-    KVCache cache_;
-    CpuForward fwd_;
-    std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
-};
-
+//
 // The kernel path: weights and KV cache in device memory (host memory when
 // emulated). All weights are uploaded once, at construction; per step only
 // the batch (token ids, positions, slot_mapping, block tables: a few KB) goes
@@ -309,25 +238,37 @@ private:
 // allocates nothing.
 class GpuRunner : public ModelRunner {
 public:
-    GpuRunner(const Model& m, const KVGeometry& geo, int swap_blocks)
-        : model_(m), geo_(geo), swap_((size_t)swap_blocks * geo.bytes_per_block()) {
+    explicit GpuRunner(const Model& m) : model_(m) {
         const Config& c = m.cfg;
         if (c.head_dim() % 4 != 0 || c.head_dim() > 256)
             throw std::invalid_argument("the kernel path needs head_dim a multiple of 4, at most 256 (this model: " +
                                         std::to_string(c.head_dim()) + ")");
+        if (c.n_heads / c.n_kv_heads * c.head_dim() > kAttnThreads * kAttnMaxPairsPerThread)
+            throw std::invalid_argument("the kernel path needs (n_heads / n_kv_heads) * head_dim <= " +
+                                        std::to_string(kAttnThreads * kAttnMaxPairsPerThread));
         const Weights& w = m.w;
         emb_.upload(w.token_embedding); rms_att_.upload(w.rms_att); wq_.upload(w.wq); wk_.upload(w.wk);
         wv_.upload(w.wv); wo_.upload(w.wo); rms_ffn_.upload(w.rms_ffn); w1_.upload(w.w1); w2_.upload(w.w2);
         w3_.upload(w.w3); rms_final_.upload(w.rms_final);
         if (!c.shared_classifier) wcls_.upload(w.wcls);
-        const size_t cache_words = (size_t)geo.num_layers * KVCache::layer_words(geo);
-        k_cache_ = DeviceBuffer<float>(cache_words);  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] of geo.dtype
-        v_cache_ = DeviceBuffer<float>(cache_words);
-        device_memset(k_cache_.data(), 0, cache_words * sizeof(float));
-        device_memset(v_cache_.data(), 0, cache_words * sizeof(float));
+    }
+    const Config& model_config() const override { return model_.cfg; }
+    Device device() const override { return std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated; }
+    uint64_t memory_for_kv_cache() const override {
+        const uint64_t free_bytes = device_memory_free();  // 0 when emulated: device memory is host memory
+        return free_bytes ? free_bytes : host_memory_bytes();
+    }
+    void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
+        geo_ = geo;
+        const size_t cache_bytes = (size_t)geo.num_layers * KVCache::layer_bytes(geo);
+        k_cache_ = DeviceBuffer<std::byte>(cache_bytes);  // [num_layers, layer_bytes]: KVCache's layout, in device memory
+        v_cache_ = DeviceBuffer<std::byte>(cache_bytes);
+        device_memset(k_cache_.data(), 0, cache_bytes);
+        device_memset(v_cache_.data(), 0, cache_bytes);
         const size_t scales = (size_t)geo.num_layers * geo.num_blocks * geo.scales_per_block();
         k_scale_ = DeviceBuffer<float>(scales);  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
         v_scale_ = DeviceBuffer<float>(scales);
+        swap_ = std::make_unique<PinnedHostBuffer>((size_t)swap_blocks * geo.bytes_per_block());
     }
 
     void forward(const ForwardBatch& b, std::vector<float>& logits) override {
@@ -344,7 +285,6 @@ public:
         tokens.resize(rows);
         argmax_.download(tokens.data(), rows);
     }
-    int vocab_size() const override { return model_.cfg.vocab_size; }
 
     // One cudaMemcpyAsync per (block, layer, K or V) to or from pinned host
     // memory, all queued on the default stream, then one wait: the copies
@@ -359,12 +299,12 @@ private:
         for (const auto& [block, slot] : pairs)
             for (int l = 0; l < geo_.num_layers; ++l)
                 for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(geo_, view(l, kv), block, swap_.data() + swap_slot_offset(geo_, slot, l, kv), out, copy_async);
+                    copy_block_part(geo_, view(l, kv), block, swap_->data() + swap_slot_offset(geo_, slot, l, kv), out, copy_async);
         device_synchronize();
     }
     // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
     KVView view(int layer, int kv) const {
-        float* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_words(geo_);
+        std::byte* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_bytes(geo_);
         float* sc = geo_.scales_per_block() ? (kv ? v_scale_.data() : k_scale_.data()) + (size_t)layer * geo_.num_blocks * geo_.scales_per_block()
                                             : nullptr;
         return KVView{geo_.dtype, data, sc, geo_.num_kv_heads, geo_.head_dim};
@@ -398,16 +338,16 @@ private:
         // default stream, so each starts after the previous one finished, and
         // nothing in this function waits for the GPU: the only host-device
         // synchronisation of a step is the download of the logits at the end.
-        launch(embedding_kernel, dim3(T), dim3(128), 0, x_.data(), emb_.data(), tokens_.data(), D);
+        launch(embedding_kernel<>, dim3(T), dim3(128), 0, x_.data(), emb_.data(), tokens_.data(), D);
         const AttentionShape shape{c.n_heads, c.n_kv_heads, hd, geo_.block_size, b.max_blocks_per_seq};
         const int elt_blocks_d = (T * D + 255) / 256, elt_blocks_h = (T * H + 255) / 256;
         for (int l = 0; l < c.n_layers; ++l) {
             const KVView kc = view(l, 0), vc = view(l, 1);
-            launch(rmsnorm_kernel, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_att_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
+            launch(rmsnorm_kernel<>, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_att_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
             gemm(q_.data(), xb_.data(), wq_.data() + (size_t)l * D * D, T, D, D);
             gemm(k_.data(), xb_.data(), wk_.data() + (size_t)l * KV * D, T, D, KV);
             gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
-            launch(rope_kernel, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
+            launch(rope_kernel<>, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
             // The only write to the KV cache, then the only read: exactly the
             // pair of kernels vLLM has (reshape_and_cache, paged_attention).
             // Both go through block tables and slot_mapping, never through a
@@ -415,19 +355,19 @@ private:
             reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T);
             paged_attention(att_.data(), q_.data(), kc, vc, tables_.data(), token_seq_.data(), positions_.data(), T, shape);
             gemm(xb_.data(), att_.data(), wo_.data() + (size_t)l * D * D, T, D, D);
-            launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
-            launch(rmsnorm_kernel, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_ffn_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
+            launch(add_kernel<>, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
+            launch(rmsnorm_kernel<>, dim3(T), dim3(128), 0, xb_.data(), x_.data(), rms_ffn_.data() + (size_t)l * D, (const int32_t*)nullptr, D);
             gemm(hb_.data(), xb_.data(), w1_.data() + (size_t)l * H * D, T, D, H);
             gemm(hb2_.data(), xb_.data(), w3_.data() + (size_t)l * H * D, T, D, H);
-            launch(swiglu_kernel, dim3(elt_blocks_h), dim3(256), 0, hb_.data(), (const float*)hb2_.data(), T * H);
+            launch(swiglu_kernel<>, dim3(elt_blocks_h), dim3(256), 0, hb_.data(), (const float*)hb2_.data(), T * H);
             gemm(xb_.data(), hb_.data(), w2_.data() + (size_t)l * D * H, T, H, D);
-            launch(add_kernel, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
+            launch(add_kernel<>, dim3(elt_blocks_d), dim3(256), 0, x_.data(), (const float*)xb_.data(), T * D);
         }
         // Logits only for the rows that want them (the last token of each
         // sequence that reaches its end this step): for a 256-token prefill
         // chunk that is one classifier row instead of 256. The rows index
         // array lets the final RMSNorm gather them without a copy.
-        launch(rmsnorm_kernel, dim3(NL), dim3(128), 0, xl_.data(), x_.data(), rms_final_.data(), (const int32_t*)logit_rows_.data(), D);
+        launch(rmsnorm_kernel<>, dim3(NL), dim3(128), 0, xl_.data(), x_.data(), rms_final_.data(), (const int32_t*)logit_rows_.data(), D);
         gemm(logits_.data(), xl_.data(), c.shared_classifier ? emb_.data() : wcls_.data(), NL, D, V);
     }
 
@@ -435,7 +375,7 @@ private:
     KVGeometry geo_;
     // Weights, llama2.c layout (see model.hpp for shapes).
     DeviceBuffer<float> emb_, rms_att_, wq_, wk_, wv_, wo_, rms_ffn_, w1_, w2_, w3_, rms_final_, wcls_;
-    DeviceBuffer<float> k_cache_, v_cache_;  // [num_layers, num_blocks, block_size, n_kv_heads, head_dim] each, of geo_.dtype
+    DeviceBuffer<std::byte> k_cache_, v_cache_;  // [num_layers, layer_bytes] each: per layer [num_blocks, block_size, n_kv_heads, head_dim] of geo_.dtype
     DeviceBuffer<float> k_scale_, v_scale_;  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
     // The batch: [T] each, block tables [num_seqs, max_blocks_per_seq], rope_cs [T, hd/2, 2].
     DeviceBuffer<int32_t> tokens_, positions_, token_seq_, tables_, logit_rows_, argmax_;
@@ -443,40 +383,7 @@ private:
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
-    PinnedHostBuffer swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
+    std::unique_ptr<PinnedHostBuffer> swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
 };
-
-// Where a model runs. One enum for the three, so examples and the engine
-// parse a single --device option; which two of the three a binary can run
-// depends on how it was compiled (see make_model_runner).
-enum class Device { kCpu, kEmulated, kCuda };
-
-inline const char* to_string(Device d) {
-    return d == Device::kCpu ? "cpu" : d == Device::kEmulated ? "emulated" : "cuda";
-}
-
-// "cpu" | "cuda" | "emulated" -> Device; anything else is an invalid_argument.
-inline Device parse_device(const std::string& s) {
-    if (s == "cpu") return Device::kCpu;
-    if (s == "emulated") return Device::kEmulated;
-    if (s == "cuda") return Device::kCuda;
-    throw std::invalid_argument("--device expects cpu, cuda or emulated, got '" + s + "'");
-}
-
-// A runner for `device`. A g++/clang++ build runs the kernels emulated; a
-// `make cuda` build runs them on the GPU. Asking a build for the other kind is
-// an error that says which build to use.
-inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const KVGeometry& geo,
-                                                      int swap_blocks = 0) {
-    if (device == Device::kCpu) return std::make_unique<CpuRunner>(m, geo, swap_blocks);
-    const std::string built = kDeviceKind;
-    if (to_string(device) != built)
-        throw std::invalid_argument(device == Device::kCuda
-                                        ? "--device cuda needs a binary built by `make cuda` (this one runs kernels emulated: use --device emulated)"
-                                        : "--device emulated needs the CPU build (`make`); this `make cuda` binary runs kernels on the GPU");
-    std::string why;
-    if (!device_available(&why)) throw std::runtime_error("--device cuda: no usable GPU here (CUDA says: " + why + ")");
-    return std::make_unique<GpuRunner>(m, geo, swap_blocks);
-}
 
 }  // namespace pkv

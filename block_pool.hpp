@@ -1,0 +1,425 @@
+// block_pool.hpp -- chapter 1: who owns which block of the KV cache.
+//
+// The KV cache is cut into fixed-size *blocks* of `block_size` token positions
+// (chapter 3, paged_kv.cuh, says what a block holds and where its bytes are).
+// This header is the bookkeeping on top, and nothing else: plain C++, no
+// memory of keys or values, no CUDA. It knows
+//
+//   1. the block pool: a free list that is also an LRU queue, reference
+//      counts, and an invariant checker the tests call after every step;
+//   2. prefix caching: chained block hashes, a hash -> block map, lazy eviction;
+//   3. block tables: growing a request's table, freeing it tail first.
+//
+// A sequence never owns contiguous memory; it owns a list of block ids, its
+// *block table*. Position p lives in logical block p / block_size, which the
+// table maps to some physical block anywhere in the pool:
+//
+//   sequence positions   0 1 2 3 | 4 5 6 7 | 8 9            (block_size = 4)
+//   logical block        ---0--- | ---1--- | -2-
+//   block_table[]        [  7   ,     2   ,   5  ]
+//
+// The scheduler (chapter 2) is this header's only user in the engine: it
+// grows tables with allocate_slots(), frees them with free_blocks() and asks
+// find_cached_prefix() what a new request can skip. vLLM splits the same work
+// between block_pool.py (the free queue and the hash map) and
+// kv_cache_manager.py (tables and prefix lookup).
+//
+// Read it top to bottom; each section only uses what came before it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace pkv {
+
+// Number of blocks needed to hold `num_tokens` positions: ceil(num_tokens /
+// block_size). In 64 bits, because callers add lengths that come from the
+// command line: a prompt of 2^31 - 1 tokens plus a block size must not wrap.
+inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
+    if (block_size <= 0) throw std::invalid_argument("blocks_for_tokens: block_size must be >= 1");
+    return num_tokens <= 0 ? 0 : (num_tokens + block_size - 1) / block_size;
+}
+
+// ============================================================================
+// 1. The block pool: free list = LRU queue, reference counts, invariants
+// ============================================================================
+//
+// Every physical block is in exactly one of two states:
+//   - referenced: ref_cnt > 0, held by that many block tables (more than one only
+//     when prefix caching shares a prompt prefix);
+//   - free: ref_cnt == 0 and linked into the free list.
+//
+// The free list is a doubly linked list threaded *through the blocks themselves*
+// (prev/next ids inside each block), as in vLLM V1's FreeKVCacheBlockQueue. Why
+// intrusive and doubly linked? With prefix caching a free block may still hold
+// useful cached tokens; when a new request hits it, we must pull that block out
+// of the *middle* of the free list in O(1). A std::deque cannot do that.
+//
+// The list is also the eviction order. Allocation pops from the head. A freed
+// block goes to one end or the other depending on what it still holds:
+//   - a block with a prefix-cache hash (section 2) goes to the *tail*: it may
+//     be hit again, so it should be evicted last, least recently freed first
+//     (LRU among cached blocks);
+//   - a block without one (a partial tail block, or every block when prefix
+//     caching is off) goes to the *head*: it holds nothing anyone can find, so
+//     handing it out first keeps the cached blocks alive longer.
+// A request's blocks are freed tail first (last logical block first), so when
+// they are later evicted, the tail of a prompt goes before its head -- and
+// heads are what other requests share. Current vLLM V1 does the same
+// (BlockPool.free_blocks: uncached blocks prepend_n to the head, cached ones
+// append_n to the tail); earlier V1 versions appended everything to the tail.
+
+struct KVBlock {
+    int32_t ref_cnt = 0;
+    // Prefix caching (section 2): set once the block is full and hashed. The hash
+    // survives the block going back to the free list ("lazy eviction") and is
+    // dropped only when the block is handed out again.
+    bool has_hash = false;
+    uint64_t block_hash = 0;
+    uint64_t parent_hash = 0;     // hash of the previous block of the same chain
+    std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
+    // Free-list links (block ids), -1 at the ends or when not in the list.
+    int32_t prev_free = -1;
+    int32_t next_free = -1;
+    bool in_free_list = false;
+};
+
+class BlockPool {
+public:
+    BlockPool() = default;
+    BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
+        : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+        if (num_blocks < 1) throw std::invalid_argument("BlockPool: num_blocks must be >= 1");
+        if (block_size < 1) throw std::invalid_argument("BlockPool: block_size must be >= 1");
+        blocks_.resize((size_t)num_blocks);
+        // Initially every block is free, in id order.
+        for (int32_t b = 0; b < num_blocks; ++b) push_free_tail(b);
+    }
+
+    int num_blocks() const { return (int)blocks_.size(); }
+    int block_size() const { return block_size_; }
+    int num_free_blocks() const { return num_free_; }
+    bool prefix_caching() const { return prefix_caching_; }
+    const KVBlock& block(int32_t id) const { return blocks_.at((size_t)id); }
+    int32_t free_list_head() const { return free_head_; }
+
+    // vLLM's gauge: fraction of blocks held by some request. Free blocks that
+    // still carry a cached hash count as free (they can be taken any time).
+    double kv_cache_usage_perc() const {
+        return blocks_.empty() ? 0.0 : 1.0 - (double)num_free_ / (double)blocks_.size();
+    }
+
+    // Take `n` blocks from the head of the free list (least recently freed first).
+    // All or nothing: returns false and changes nothing when fewer than n are free.
+    // O(1) per block.
+    bool allocate(int n, std::vector<int32_t>& out) {
+        if (n < 0) throw std::invalid_argument("BlockPool::allocate: negative count");
+        if (n > num_free_) return false;
+        for (int i = 0; i < n; ++i) {
+            int32_t b = free_head_;
+            unlink_free(b);
+            evict_hash(b);  // lazy eviction happens here, at reuse time
+            blocks_[b].ref_cnt = 1;
+            out.push_back(b);
+        }
+        return true;
+    }
+
+    // Take one more reference on blocks found in the prefix cache. A hit on a
+    // free block pulls it out of the middle of the free list (O(1)).
+    void touch(const std::vector<int32_t>& ids) {
+        for (int32_t b : ids) {
+            KVBlock& blk = checked(b, "touch");
+            if (blk.ref_cnt == 0) unlink_free(b);
+            blk.ref_cnt++;
+        }
+    }
+
+    // Drop one reference on each block, in the order given. Callers pass a
+    // block table in reverse so that its tail is evicted first (section 3).
+    // A block whose count reaches zero joins the free list, hash kept: a
+    // cached block at the tail, in the order given; an uncached one at the
+    // head, also in the order given (so the first one given is handed out
+    // first). Releasing a block nobody holds is a bookkeeping bug somewhere
+    // above us (a table freed twice): we stop it here rather than let the
+    // count go negative and the free list silently lose a block.
+    void release(const std::vector<int32_t>& ids_in_free_order) {
+        std::vector<int32_t> sorted(ids_in_free_order);  // to count repeats of one id
+        std::sort(sorted.begin(), sorted.end());
+        for (size_t i = 0, n = 1; i < sorted.size(); ++i, ++n) {
+            if (i > 0 && sorted[i] != sorted[i - 1]) n = 1;
+            if (checked(sorted[i], "release").ref_cnt < (int)n)
+                throw std::logic_error("BlockPool::release: block " + std::to_string(sorted[i]) +
+                                       " released more often than it is held (double free)");
+        }
+        std::vector<int32_t> to_head;  // [uncached blocks freed] in the order given
+        for (int32_t b : ids_in_free_order) {
+            if (--blocks_[b].ref_cnt > 0) continue;
+            if (blocks_[b].has_hash) push_free_tail(b);
+            else to_head.push_back(b);
+        }
+        // Pushing onto the head reverses order, so push the last one first.
+        for (auto it = to_head.rbegin(); it != to_head.rend(); ++it) push_free_head(*it);
+    }
+
+    // ---- section 2 hooks (prefix caching) ----------------------------------
+
+    // Tests shrink this (e.g. to 0x3) to force hash collisions and exercise the
+    // token-equality guard. 64 bits in normal use.
+    uint64_t hash_mask = ~0ull;
+
+    // Look up a full block with this chained hash whose parent hash and tokens
+    // are exactly these. Returns the block id or -1.
+    int32_t lookup(uint64_t hash, uint64_t parent_hash, const int32_t* tokens) const {
+        auto it = cached_.find(hash);
+        if (it == cached_.end()) return -1;
+        const KVBlock& blk = blocks_[it->second];
+        // The collision guard: equal hashes are not proof of equal contents.
+        if (blk.parent_hash != parent_hash) return -1;
+        if (std::memcmp(blk.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) return -1;
+        return it->second;
+    }
+
+    // Record that block `id` is full and holds `tokens`, with this chained hash.
+    // If another block already holds this hash we keep the older entry (the new
+    // block simply stays uncached): one hash, one block.
+    void cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
+        KVBlock& blk = checked(id, "cache_block");
+        if (blk.has_hash || cached_.count(hash)) return;
+        blk.has_hash = true;
+        blk.block_hash = hash;
+        blk.parent_hash = parent_hash;
+        blk.tokens.assign(tokens, tokens + block_size_);
+        cached_[hash] = id;
+    }
+
+    size_t num_cached_blocks() const { return cached_.size(); }
+
+    // ---- invariants ----------------------------------------------------------
+
+    // Check the pool against the block tables that are supposed to be its only
+    // users. Returns "" when consistent, else a description of the first
+    // violation. Tests call this after every engine step.
+    //   - every block is free xor referenced (in_free_list <=> ref_cnt == 0);
+    //   - each ref_cnt equals the number of block tables holding the block;
+    //   - the free list is a well-formed chain of num_free_ distinct blocks;
+    //   - no table holds a block twice; every hash map entry points at a block
+    //     that carries that hash.
+    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& tables) const {
+        const int n = num_blocks();
+        std::vector<int> holders(n, 0);
+        for (size_t t = 0; t < tables.size(); ++t) {
+            std::vector<char> in_this(n, 0);
+            for (int32_t b : *tables[t]) {
+                if (b < 0 || b >= n) return "table " + std::to_string(t) + " holds invalid block " + std::to_string(b);
+                if (in_this[b]) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
+                in_this[b] = 1;
+                holders[b]++;
+            }
+        }
+        for (int b = 0; b < n; ++b) {
+            const KVBlock& blk = blocks_[b];
+            if (blk.ref_cnt != holders[b])
+                return "block " + std::to_string(b) + " ref_cnt " + std::to_string(blk.ref_cnt) + " but held by " +
+                       std::to_string(holders[b]) + " tables";
+            if (blk.in_free_list != (blk.ref_cnt == 0))
+                return "block " + std::to_string(b) + " free-list membership disagrees with ref_cnt";
+        }
+        std::vector<char> seen(n, 0);
+        int count = 0;
+        int32_t prev = -1;
+        for (int32_t b = free_head_; b != -1; b = blocks_[b].next_free) {
+            if (b < 0 || b >= n || seen[b]) return "free list is corrupt (cycle or bad id) at block " + std::to_string(b);
+            if (blocks_[b].prev_free != prev) return "free list back link broken at block " + std::to_string(b);
+            if (!blocks_[b].in_free_list) return "block " + std::to_string(b) + " linked but not marked free";
+            seen[b] = 1;
+            prev = b;
+            ++count;
+        }
+        if (prev != free_tail_) return "free list tail pointer is wrong";
+        if (count != num_free_) return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(num_free_);
+        for (const auto& [h, b] : cached_)
+            if (!blocks_[b].has_hash || blocks_[b].block_hash != h) return "hash map entry points at block " + std::to_string(b) + " without that hash";
+        return "";
+    }
+
+private:
+    KVBlock& checked(int32_t b, const char* what) {
+        if (b < 0 || b >= num_blocks())
+            throw std::out_of_range(std::string("BlockPool::") + what + ": block id " + std::to_string(b) + " is not in 0.." +
+                                    std::to_string(num_blocks() - 1));
+        return blocks_[b];
+    }
+    void push_free_tail(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        blk.prev_free = free_tail_;
+        blk.next_free = -1;
+        if (free_tail_ != -1) blocks_[free_tail_].next_free = b; else free_head_ = b;
+        free_tail_ = b;
+        blk.in_free_list = true;
+        ++num_free_;
+    }
+    void push_free_head(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        blk.prev_free = -1;
+        blk.next_free = free_head_;
+        if (free_head_ != -1) blocks_[free_head_].prev_free = b; else free_tail_ = b;
+        free_head_ = b;
+        blk.in_free_list = true;
+        ++num_free_;
+    }
+    void unlink_free(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        if (blk.prev_free != -1) blocks_[blk.prev_free].next_free = blk.next_free; else free_head_ = blk.next_free;
+        if (blk.next_free != -1) blocks_[blk.next_free].prev_free = blk.prev_free; else free_tail_ = blk.prev_free;
+        blk.prev_free = blk.next_free = -1;
+        blk.in_free_list = false;
+        --num_free_;
+    }
+    void evict_hash(int32_t b) {
+        KVBlock& blk = blocks_[b];
+        if (!blk.has_hash) return;
+        auto it = cached_.find(blk.block_hash);
+        if (it != cached_.end() && it->second == b) cached_.erase(it);
+        blk.has_hash = false;
+        blk.tokens.clear();
+    }
+
+    int block_size_ = 0;
+    bool prefix_caching_ = false;
+    std::vector<KVBlock> blocks_;                   // [num_blocks]
+    std::unordered_map<uint64_t, int32_t> cached_;  // chained hash -> block id
+    int32_t free_head_ = -1, free_tail_ = -1;
+    int num_free_ = 0;
+};
+
+// ============================================================================
+// 2. Prefix caching: chained hashes of full blocks
+// ============================================================================
+//
+// A full block is identified by hash(parent block's hash, its block_size tokens).
+// Chaining makes the hash name the whole prefix, not just this block: two
+// requests that share tokens 32..47 but not 0..31 must not share block 2.
+// Only full blocks are hashed -- a partial tail block is still being written.
+//
+// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
+// hash of a Python tuple. Whatever the function, collisions are possible, which
+// is why BlockPool::lookup also compares parent hash and tokens.
+
+inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
+    uint64_t h = 1469598103934665603ull ^ parent_hash;
+    for (int i = 0; i < block_size; ++i) {
+        h ^= (uint32_t)tokens[i];
+        h *= 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h & mask;
+}
+
+// The parent hash of a sequence's first block.
+constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+
+// The longest run of cached full blocks matching the start of `tokens`.
+// The hit is capped at num_tokens - 1 tokens: the last token is always computed,
+// because its forward pass is what produces the logits we sample from. (With
+// num_tokens = 32 and block_size 16 that means one hit block, not two.)
+// Returns the hit block ids (not yet touched) in logical order.
+inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
+    std::vector<int32_t> hits;
+    if (!pool.prefix_caching() || num_tokens <= 0) return hits;
+    const int bs = pool.block_size();
+    const int max_blocks = (num_tokens - 1) / bs;
+    uint64_t parent = kRootHash;
+    for (int i = 0; i < max_blocks; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
+        int32_t id = pool.lookup(h, parent, blk_tokens);
+        if (id < 0) break;
+        hits.push_back(id);
+        parent = h;
+    }
+    return hits;
+}
+
+// ============================================================================
+// 3. Block tables: growth, caching of full blocks, tail-first free
+// ============================================================================
+//
+// A block table belongs to one request. `num_hashed` counts its leading blocks
+// already registered in the prefix cache, and `last_hash` is the chained hash of
+// the last of them, so registering the next full block is O(block_size).
+
+struct BlockTable {
+    std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
+    int num_hashed = 0;
+    uint64_t last_hash = kRootHash;
+    // Set when a block's hash turned out to belong to a block with other
+    // contents (a collision): nothing after it in this table can be cached,
+    // because its chained hash would vouch for a prefix it does not have.
+    bool chain_broken = false;
+};
+
+// How many of `hits` sit in the free list. A hit on such a block still
+// consumes free capacity (it leaves the free list when touched), so callers
+// that ask "does this fit?" must count them like new blocks: see allocate_slots.
+inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits) {
+    int n = 0;
+    for (int32_t b : hits) n += pool.block(b).ref_cnt == 0;
+    return n;
+}
+
+// Grow `table` so it can hold `num_tokens` positions. `hits` are prefix-cache
+// hits for a table that is still empty (pass {} otherwise). All or nothing:
+// returns false and changes nothing when the pool cannot supply the blocks.
+inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int64_t num_tokens) {
+    if (!hits.empty() && !table.blocks.empty()) throw std::logic_error("allocate_slots: prefix hits for a table that is not empty");
+    const int64_t have = (int64_t)table.blocks.size() + (int64_t)hits.size();
+    const int64_t need_new = std::max<int64_t>(0, blocks_for_tokens(num_tokens, pool.block_size()) - have);
+    if (need_new + num_free_hits(pool, hits) > pool.num_free_blocks()) return false;
+    pool.touch(hits);
+    table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
+    if (!hits.empty()) {
+        // Hit blocks are already hashed; continue the chain from the last one.
+        table.num_hashed = (int)hits.size();
+        table.last_hash = pool.block(hits.back()).block_hash;
+    }
+    pool.allocate((int)need_new, table.blocks);
+    return true;
+}
+
+// Register every block of `table` that is full of computed tokens. `tokens` are
+// the sequence's tokens (prompt then outputs); `num_computed` how many of them
+// have K/V written. Called after each forward step when prefix caching is on.
+inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
+    if (!pool.prefix_caching() || table.chain_broken) return;
+    const int bs = pool.block_size();
+    const int num_full = num_computed / bs;
+    for (int i = table.num_hashed; i < num_full; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
+        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
+        // The hash now names this block or an identical one (two requests
+        // computed the same prefix) -- unless it collided with other contents.
+        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
+            table.chain_broken = true;
+            return;
+        }
+        table.last_hash = h;
+        table.num_hashed = i + 1;
+    }
+}
+
+// Give every block of `table` back, last logical block first (so tails are
+// evicted before the shared heads), and leave the table empty.
+inline void free_blocks(BlockPool& pool, BlockTable& table) {
+    std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
+    pool.release(reversed);
+    table = BlockTable{};
+}
+
+}  // namespace pkv

@@ -1,0 +1,211 @@
+// tiny_model/runner.hpp -- where the model runs: the ModelRunner interface the
+// engine talks to, and the CPU runner.
+//
+// The engine (engine.hpp) never touches weights or KV memory. It owns one
+// ModelRunner, hands it a flat batch each step and gets logits back; when the
+// scheduler swaps a victim out, it tells the runner which blocks to copy
+// where. Everything above this interface (scheduler, block pool, metrics) is
+// the same whatever runs the model; everything below it owns the weights and
+// the KV cache bytes. The block *ids* live in the scheduler; the block
+// *contents* live here. That split is what lets swap work: the scheduler
+// decides which block goes to which host slot, the runner moves the bytes.
+//
+// Runners, and where each lives:
+//   CpuRunner  this file: the CPU forward pass (forward_cpu.hpp), host memory;
+//   GpuRunner  tiny_model/forward_gpu.cuh: the CUDA kernels, on a GPU in a
+//              `make cuda` build and emulated on the CPU otherwise.
+// tiny_model/devices.hpp turns a --device name into one of them.
+//
+// A runner's life has vLLM's three steps: build it with the model's weights;
+// the engine sizes the KV cache (from its config and what memory_for_kv_cache()
+// says is available) and calls init_kv_cache() once; then forward() every step.
+//
+// Sections: 1. devices and the machine's memory  2. the interface  3. the
+// swap slot layout  4. CpuRunner.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include "paged_kv.cuh"
+#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/model.hpp"
+#include "tiny_model/sampler.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. Devices, and how much memory the machine has
+// ============================================================================
+
+// Where a model runs. One enum for all runners, so examples and the engine
+// parse a single --device option; which of them a binary can run depends on
+// how it was compiled (see devices.hpp).
+enum class Device { kCpu, kEmulated, kCuda };
+
+inline const char* to_string(Device d) {
+    return d == Device::kCpu ? "cpu" : d == Device::kEmulated ? "emulated" : "cuda";
+}
+// "cpu" | "emulated" | "cuda" -> Device; anything else is an invalid_argument.
+inline Device parse_device(const std::string& s) {
+    if (s == "cpu") return Device::kCpu;
+    if (s == "emulated") return Device::kEmulated;
+    if (s == "cuda") return Device::kCuda;
+    throw std::invalid_argument("--device expects cpu, emulated or cuda, got '" + s + "'");
+}
+
+// The host memory this process may use, in bytes: the machine's physical
+// memory, or a container's limit when one is set (cgroup v2's memory.max, or
+// v1's limit_in_bytes). Used to refuse a configuration that cannot fit
+// *before* allocating it, so that the user reads "needs 8.4 GB, have 2 GB"
+// instead of a bad_alloc or the out-of-memory killer.
+inline uint64_t host_memory_bytes() {
+    uint64_t total = 0;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) total = (uint64_t)pages * (uint64_t)page;
+    for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+        if (FILE* f = std::fopen(path, "r")) {
+            unsigned long long limit = 0;
+            if (std::fscanf(f, "%llu", &limit) == 1 && limit > 0 && (total == 0 || limit < total)) total = limit;
+            std::fclose(f);  // "max" (no limit) does not parse as a number: the machine's size stands
+        }
+    }
+    return total ? total : UINT64_MAX;  // unknown: do not refuse on our guess
+}
+
+// "1.25 MiB", "8.40 GiB": byte counts for messages.
+inline std::string format_bytes(uint64_t b) {
+    char buf[48];
+    if (b < 1024) std::snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)b);
+    else if (b < (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
+    else if (b < (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
+    else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    return buf;
+}
+
+// a * b, or UINT64_MAX when the product does not fit: sizes computed from
+// user input must not wrap around into a small, "affordable" number.
+inline uint64_t mul_sat(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+inline uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+// ============================================================================
+// 2. The interface
+// ============================================================================
+
+struct ModelRunner {
+    ModelRunner() = default;
+    // A runner owns device memory and is referred to by the engine: never copied.
+    ModelRunner(const ModelRunner&) = delete;
+    ModelRunner& operator=(const ModelRunner&) = delete;
+    virtual ~ModelRunner() = default;
+
+    // The model's shape: what the engine needs to size the KV cache (layers,
+    // kv heads, head_dim), to bound sequences (seq_len) and to sample (vocab).
+    virtual const Config& model_config() const = 0;
+    virtual Device device() const = 0;
+    // Bytes this runner could give the KV cache (host memory for the CPU,
+    // free device memory for a GPU). The engine checks its configuration
+    // against it before calling init_kv_cache.
+    virtual uint64_t memory_for_kv_cache() const { return host_memory_bytes(); }
+    // Allocate the KV cache for `geo` and a host swap space of `swap_blocks`
+    // blocks (0 = none). Called once, before the first forward.
+    virtual void init_kv_cache(const KVGeometry& geo, int swap_blocks) = 0;
+
+    // Fills logits [num_logits, vocab_size] for the batch's logits_indices.
+    virtual void forward(const ForwardBatch& b, std::vector<float>& logits) = 0;
+    // Greedy shortcut: only the argmax of each logits row. A GPU computes it
+    // where the logits are and copies back one int per row instead of a row
+    // of vocab_size floats.
+    virtual void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) {
+        forward(b, argmax_scratch_);
+        const int V = model_config().vocab_size;
+        tokens.resize(b.logits_indices.size());
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(argmax_scratch_.data() + i * V, V);
+    }
+
+    // Preemption by swap: copy whole blocks (every layer, K and V, data and
+    // int8 scales) between the KV cache and the host swap space, given as
+    // (device block, host slot) pairs. Section 3 gives a slot's layout.
+    virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
+    virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
+
+private:
+    std::vector<float> argmax_scratch_;  // [num_logits, vocab] logits for the default forward_argmax
+};
+
+// ============================================================================
+// 3. The host swap space: one slot per swapped-out block
+// ============================================================================
+//
+// A slot holds everything one block holds, geo.bytes_per_block() bytes:
+//   [num_layers, 2 (K then V), data_bytes_per_block + scales_per_block * 4]
+// Both runners use this layout, so a swap test can compare their slots.
+
+// Byte offset of layer l's K (kv = 0) or V (kv = 1) part inside host swap slot `slot`.
+inline size_t swap_slot_offset(const KVGeometry& g, int32_t slot, int layer, int kv) {
+    const size_t part = g.data_bytes_per_block() + g.scales_per_block() * sizeof(float);
+    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * part;
+}
+
+// Copy block `block` of one layer's K or V (`view`) to or from `host` (a swap
+// slot part): data bytes, then the int8 scales. `copy` is memcpy-like:
+// (dst, src, bytes), host->device or device->host as the caller needs.
+template <class Copy>
+inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t block, unsigned char* host, bool out, Copy copy) {
+    unsigned char* data = static_cast<unsigned char*>(view.data) + (size_t)block * g.data_bytes_per_block();
+    if (out) copy(host, data, g.data_bytes_per_block()); else copy(data, host, g.data_bytes_per_block());
+    if (g.scales_per_block() == 0) return;
+    unsigned char* sc = reinterpret_cast<unsigned char*>(view.scale + (size_t)block * g.scales_per_block());
+    unsigned char* hs = host + g.data_bytes_per_block();
+    const size_t n = g.scales_per_block() * sizeof(float);
+    if (out) copy(hs, sc, n); else copy(sc, hs, n);
+}
+
+// ============================================================================
+// 4. CpuRunner: the CPU forward pass, with its KV cache in host memory
+// ============================================================================
+//
+// Its "swap" is a memcpy between the cache and a host array: the same
+// bookkeeping as on a GPU, without the PCIe link that makes swapping
+// expensive there.
+class CpuRunner : public ModelRunner {
+public:
+    explicit CpuRunner(const Model& m) : model_(m), fwd_(m, cache_) {}
+    const Config& model_config() const override { return model_.cfg; }
+    Device device() const override { return Device::kCpu; }
+    void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
+        cache_ = KVCache(geo);  // fwd_ refers to cache_, which stays the same object
+        swap_.assign((size_t)swap_blocks * geo.bytes_per_block(), 0);
+    }
+    void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, true); }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, false); }
+
+private:
+    void copy(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
+        const KVGeometry& g = cache_.geo;
+        auto memcpy_ = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
+        for (const auto& [block, slot] : pairs)
+            for (int l = 0; l < g.num_layers; ++l)
+                for (int kv = 0; kv < 2; ++kv)
+                    copy_block_part(g, kv ? cache_.v_view(l) : cache_.k_view(l), block, swap_.data() + swap_slot_offset(g, slot, l, kv),
+                                    out, memcpy_);
+    }
+    const Model& model_;
+    KVCache cache_;
+    CpuForward fwd_;                   // reads and writes cache_
+    std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
+};
+
+}  // namespace pkv

@@ -3,9 +3,12 @@
 #
 #   make            every example and the test binary (CPU build)
 #   make run        the main demo
-#   make test       build and run the doctest suite
+#   make test       build everything and run the doctest suite (doctest itself is
+#                   installed or fetched on first use: tests/get_doctest.sh)
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
-#   make sanitize   the test suite under -fsanitize=address,undefined (build/asan)
+#   make sanitize   every program and the suite under -fsanitize=address,undefined (build/asan)
+#   make check-headers  each header compiles alone; block_pool.hpp and scheduler.hpp
+#                   are plain C++; no reserved names defined
 #   make bench      the CPU benchmark
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
 #                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
@@ -34,20 +37,22 @@ HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
-# doctest comes from Debian's doctest-dev; DOCTEST_INC=dir uses dir/doctest/doctest.h instead
-# (tests/gpu_check.sh uses that on GPU machines that lack the package).
+# doctest comes from Debian's doctest-dev. When it is not installed,
+# tests/get_doctest.sh installs it (as root) or unpacks the Debian package into
+# build/deps/include (otherwise), which is always on the include path.
+# DOCTEST_INC=dir uses dir/doctest/doctest.h instead.
+DEPS        := build/deps
 DOCTEST_INC ?=
-DOCTEST_H := $(if $(DOCTEST_INC),$(DOCTEST_INC)/doctest/doctest.h,/usr/include/doctest/doctest.h)
-CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC))
+CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 
-.PHONY: all run test debug sanitize tsan bench cuda studies clean check-doctest
+.PHONY: all run test debug sanitize tsan bench cuda studies clean check-doctest check-headers
 all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
-$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) | check-doctest
+$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
@@ -55,14 +60,14 @@ $(BUILD)/tests: $(TEST_OBJS)
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 check-doctest:
-	@test -f $(DOCTEST_H) || { echo "error: $(DOCTEST_H) not found. The tests use doctest from Debian:"; \
-	  echo "    sudo apt-get update && sudo apt-get install -y doctest-dev"; exit 1; }
+	@$(if $(DOCTEST_INC),test -f $(DOCTEST_INC)/doctest/doctest.h,tests/get_doctest.sh $(DEPS))
 
 run: $(BUILD)/overload
 	./$(BUILD)/overload
 
-# The tests run build/generate (llama2.c byte-for-byte check), so build it too.
-test: $(BUILD)/tests $(BUILD)/generate
+# The tests run the programs (llama2.c byte-for-byte check, the bad-input
+# table, the flag fuzz), so everything is built first.
+test: all
 	./$(BUILD)/tests
 
 bench: $(BUILD)/bench_cpu
@@ -80,8 +85,11 @@ debug:
 	$(MAKE) BUILD=build/debug OPT="-O0 -g" all
 
 sanitize:
-	$(MAKE) BUILD=build/asan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" build/asan/tests
+	$(MAKE) BUILD=build/asan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" all
 	./build/asan/tests
+
+check-headers:
+	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
 # so a missing __syncthreads() is a data race TSan reports.
@@ -94,7 +102,7 @@ tsan:
 NVCC      ?= nvcc
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fopenmp -I. \
-             $(if $(DOCTEST_INC),-I$(DOCTEST_INC))
+             $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 CUDA_TEST_OBJS := $(patsubst tests/%.cpp,build/cuda/obj/tests/%.o,$(TEST_SRCS))
 
 cuda: $(addprefix build/cuda/,$(EXAMPLES)) build/cuda/tests
@@ -103,7 +111,7 @@ build/cuda/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
 
-build/cuda/obj/tests/%.o: tests/%.cpp $(HEADERS) | check-doctest
+build/cuda/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@
 

@@ -37,6 +37,11 @@
 
 namespace pkv {
 
+// The largest block we accept. vLLM's attention backends offer block sizes up
+// to 256 (some need a multiple of 16); a few thousand positions per block is
+// already past any use, and the bound keeps size arithmetic small.
+constexpr int kMaxBlockSize = 4096;
+
 // Number of blocks needed to hold `num_tokens` positions: ceil(num_tokens /
 // block_size). In 64 bits, because callers add lengths that come from the
 // command line: a prompt of 2^31 - 1 tokens plus a block size must not wrap.
@@ -95,7 +100,8 @@ public:
     BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
         : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
         if (num_blocks < 1) throw std::invalid_argument("BlockPool: num_blocks must be >= 1");
-        if (block_size < 1) throw std::invalid_argument("BlockPool: block_size must be >= 1");
+        if (block_size < 1 || block_size > kMaxBlockSize)
+            throw std::invalid_argument("BlockPool: block_size must be in 1.." + std::to_string(kMaxBlockSize));
         blocks_.resize((size_t)num_blocks);
         // Initially every block is free, in id order.
         for (int32_t b = 0; b < num_blocks; ++b) push_free_tail(b);

@@ -134,11 +134,6 @@ struct EngineConfig {
     uint64_t kv_cache_bytes = 0;
 };
 
-// The largest block the engine accepts. vLLM's attention backends offer block
-// sizes up to 256 (some need a multiple of 16); a few thousand positions per
-// block is already past any use, and the bound keeps size arithmetic small.
-constexpr int kMaxBlockSize = 4096;
-
 class Engine {
 public:
     using StreamCallback = std::function<void(const StreamEvent&)>;
@@ -404,8 +399,11 @@ private:
 
     void announce_state_changes(const SchedulerOutput& so) {
         const double t = clock_->now();
-        for (Request* r : so.preempted) emit({EventType::kPreempted, r->id, t});
-        for (Request* r : so.resumed) emit({EventType::kResumed, r->id, t});
+        // A callback may abort a request announced later in these loops.
+        for (Request* r : so.preempted)
+            if (!abort_pending(r->id)) emit({EventType::kPreempted, r->id, t});
+        for (Request* r : so.resumed)
+            if (!abort_pending(r->id)) emit({EventType::kResumed, r->id, t});
     }
 
     // (b) Build the flat batch: each request contributes the tokens

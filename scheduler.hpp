@@ -55,7 +55,7 @@
 //     sequences, e.g. beam search) and raised an error when its swap space
 //     was full, where we fall back to recompute.
 //
-// Try it: `build/overload --max-num-seqs 4` runs the chapter 3 workload with
+// Try it: `build/overload --max-num-seqs 4` runs `make run`'s workload with
 // no preemption at all (4 requests of at most 8 blocks each fit the 40-block
 // pool even at their longest), at the price of a longer queue and a later
 // first token; `--max-num-seqs 8` lands in between. The lanes show why.
@@ -244,8 +244,8 @@ struct SchedulerConfig {
     // block boundaries crossed per step.
     int max_num_seqs = 16;              // most requests running at once
     // Caps the work of one step, so a long prompt is cut into chunks and
-    // cannot stall the decodes sharing its step (chunked prefill). Chapter 3's
-    // 256 holds 8 prompts of 32 tokens: why step 1 admits exactly 8.
+    // cannot stall the decodes sharing its step (chunked prefill). In `make
+    // run`, 256 holds 8 prompts of 32 tokens: why step 1 admits exactly 8.
     int max_num_batched_tokens = 256;   // token budget of one step (all requests)
     int max_model_len = 0;              // longest sequence (prompt + output); 0 = derive
     // Admit only if the whole current sequence (prompt + outputs for a resumed

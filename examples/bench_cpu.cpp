@@ -19,6 +19,7 @@
 #endif
 
 #include "block_pool.hpp"
+#include "examples/cli.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/sampler.hpp"
@@ -36,26 +37,15 @@ pkv::Config stories15m_shape() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    int steps = 64;
-    for (int i = 1; i < argc; ++i) {
-        std::string a = argv[i];
-        if (a == "--help" || a == "-h") {
-            std::printf("Usage: bench_cpu [--steps N] [--threads T]\n"
-                        "  Decode benchmark of a stories15M-shaped random model on the CPU.\n"
-                        "  --steps N    decode steps per measurement (default 64)\n"
-                        "  --threads T  OpenMP threads (default: OMP_NUM_THREADS or all cores)\n");
-            return 0;
-        }
-        if (i + 1 >= argc) { std::fprintf(stderr, "bench_cpu: %s needs a value (see --help)\n", a.c_str()); return 2; }
-        int v = std::atoi(argv[++i]);
-        if (a == "--steps" && v > 0 && v <= 190) steps = v;
-        else if (a == "--threads" && v > 0) {
+int run(int argc, char** argv) {
+    int steps = 64, threads_flag = 0;
+    cli::Parser p("bench_cpu", "[options]", "Decode benchmark of a stories15M-shaped random model on the CPU.");
+    p.integer("--steps", &steps, 1, 190, "decode steps per measurement");
+    p.integer("--threads", &threads_flag, 0, 1024, "OpenMP threads; 0 = OMP_NUM_THREADS or all cores");
+    p.parse(argc, argv);
 #ifdef _OPENMP
-            omp_set_num_threads(v);
+    if (threads_flag > 0) omp_set_num_threads(threads_flag);
 #endif
-        } else { std::fprintf(stderr, "bench_cpu: bad option %s %s (see --help)\n", a.c_str(), argv[i]); return 2; }
-    }
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
@@ -132,3 +122,5 @@ int main(int argc, char** argv) {
     }
     return 0;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("bench_cpu", [&] { return run(argc, argv); }); }

@@ -38,41 +38,18 @@ struct Options {
     bool json = false;
 };
 
-void usage(FILE* out) {
-    const Options d;
-    std::fprintf(out,
-                 "Usage: concurrency_sweep [options]\n"
-                 "  One overloaded workload (built-in model, all requests at once), run once per\n"
-                 "  max_num_seqs: does more concurrency give more useful work, or less?\n"
-                 "  --seqs LIST                 max_num_seqs values, comma-separated (default 1,2,4,8,12,16,24,32,48)\n"
-                 "  --repeat N                  run each point N times, keep the fastest (default %d)\n",
-                 d.repeat);
-    study::print_workload_usage(out, d.setup);
-    std::fprintf(out,
-                 "  --svg PATH                  chart to write (default %s)\n"
-                 "  --json                      one JSON object on stdout instead of the table\n"
-                 "  -h, --help                  this text\n",
-                 d.svg_path.c_str());
-}
-
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-        if (a == "--json") { o.json = true; continue; }
-        if (a.empty() || a[0] != '-') cli::bad_usage("unexpected argument '" + a + "' (this study uses the built-in model)");
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* v = argv[++i];
-        if (study::parse_workload_flag(a, v, o.setup)) continue;
-        if (a == "--seqs") o.seqs = study::parse_int_list(a, v);
-        else if (a == "--repeat") o.repeat = (int)cli::parse_int(a, v);
-        else if (a == "--svg") o.svg_path = v;
-        else cli::bad_usage("unknown option " + a);
-    }
+    cli::Parser p("concurrency_sweep", "[options]",
+                  "One overloaded workload (built-in model, all requests at once), run once per\n"
+                  "max_num_seqs: does more concurrency give more useful work, or less?");
+    p.int_list("--seqs", &o.seqs, 1, 1 << 16, 64, "max_num_seqs values");
+    p.integer("--repeat", &o.repeat, 1, 100, "run each point N times, keep the fastest");
+    study::add_workload_flags(p, o.setup);
+    p.text("--svg", &o.svg_path, "PATH", "chart to write");
+    p.flag("--json", &o.json, "one JSON object on stdout instead of the table");
+    p.parse(argc, argv);
     study::check_workload(o.setup);
-    if (o.repeat < 1) cli::bad_usage("--repeat must be >= 1");
-    if (o.svg_path.empty()) cli::bad_usage("--svg needs a path");
     std::sort(o.seqs.begin(), o.seqs.end());
     o.seqs.erase(std::unique(o.seqs.begin(), o.seqs.end()), o.seqs.end());
     return o;
@@ -247,11 +224,10 @@ bool write_svg(const Options& o, const std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    cli::program = "concurrency_sweep";
-    cli::print_usage = usage;
+int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
+    study::check_writable(o.svg_path);  // fail now, not after the runs
     const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows;
@@ -321,3 +297,5 @@ int main(int argc, char** argv) {
     if (svg_ok) std::printf("\nchart: %s\n", o.svg_path.c_str());
     return svg_ok ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("concurrency_sweep", [&] { return run(argc, argv); }); }

@@ -52,61 +52,30 @@ struct Options {
     bool json = false;
 };
 
-void usage(FILE* out) {
-    const Options d;
-    std::fprintf(out,
-                 "Usage: fixes_study [options]\n"
-                 "  The fixes for thrash, bluntest first, each against the same overloaded baseline\n"
-                 "  (built-in model, requests arriving over time).\n"
-                 "  --max-num-seqs N            baseline running requests at most (default %d)\n"
-                 "  --arrival-interval N        steps between arrivals (default %d; 0 = all at once)\n"
-                 "  --cap-seqs N                the cap-concurrency row's max_num_seqs (default: the most\n"
-                 "                              requests that fit the pool at their longest)\n"
-                 "  --cap-tokens N              the cap-generation row's max_tokens (default: half)\n"
-                 "  --more-blocks N             the more-memory row's num_blocks (default: twice)\n"
-                 "  --shed LIST                 max_waiting of the shedding rows, comma-separated (default 16,4)\n"
-                 "  --repeat N                  run each row N times, keep the fastest (default %d)\n",
-                 d.setup.max_num_seqs, d.setup.arrival_interval, d.repeat);
-    study::print_workload_usage(out, d.setup);
-    std::fprintf(out,
-                 "  --svg PATH                  chart to write (default %s)\n"
-                 "  --json                      one JSON object on stdout instead of the table\n"
-                 "  -h, --help                  this text\n",
-                 d.svg_path.c_str());
-}
-
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-        if (a == "--json") { o.json = true; continue; }
-        if (a.empty() || a[0] != '-') cli::bad_usage("unexpected argument '" + a + "' (this study uses the built-in model)");
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* v = argv[++i];
-        if (study::parse_workload_flag(a, v, o.setup)) continue;
-        if (a == "--max-num-seqs") o.setup.max_num_seqs = (int)cli::parse_int(a, v);
-        else if (a == "--arrival-interval") o.setup.arrival_interval = (int)cli::parse_int(a, v);
-        else if (a == "--cap-seqs") o.cap_seqs = (int)cli::parse_int(a, v);
-        else if (a == "--cap-tokens") o.cap_tokens = (int)cli::parse_int(a, v);
-        else if (a == "--more-blocks") o.more_blocks = (int)cli::parse_int(a, v);
-        else if (a == "--shed") o.shed = study::parse_int_list(a, v);
-        else if (a == "--repeat") o.repeat = (int)cli::parse_int(a, v);
-        else if (a == "--svg") o.svg_path = v;
-        else cli::bad_usage("unknown option " + a);
-    }
+    cli::Parser p("fixes_study", "[options]",
+                  "The fixes for thrash, bluntest first, each against the same overloaded baseline\n"
+                  "(built-in model, requests arriving over time).");
+    p.integer("--max-num-seqs", &o.setup.max_num_seqs, 1, 1 << 16, "baseline running requests at most");
+    p.integer("--arrival-interval", &o.setup.arrival_interval, 0, 1 << 20, "steps between arrivals; 0 = all at once");
+    p.integer("--cap-seqs", &o.cap_seqs, 0, 1 << 16, "the cap-concurrency row's max_num_seqs; 0 = the most requests that fit the pool at their longest");
+    p.integer("--cap-tokens", &o.cap_tokens, 0, study::kMaxLen, "the cap-generation row's max_tokens; 0 = half of --max-tokens");
+    p.integer("--more-blocks", &o.more_blocks, 0, study::kMaxBlocks, "the more-memory row's num_blocks; 0 = twice --num-blocks");
+    p.int_list("--shed", &o.shed, 1, (int)study::kMaxRequests, 16, "max_waiting of the shedding rows");
+    p.integer("--repeat", &o.repeat, 1, 100, "run each row N times, keep the fastest");
+    study::add_workload_flags(p, o.setup);
+    p.text("--svg", &o.svg_path, "PATH", "chart to write");
+    p.flag("--json", &o.json, "one JSON object on stdout instead of the table");
+    p.parse(argc, argv);
     study::check_workload(o.setup);
-    study::Setup& s = o.setup;
-    if (s.max_num_seqs < 1) cli::bad_usage("--max-num-seqs must be >= 1");
-    if (s.arrival_interval < 0) cli::bad_usage("--arrival-interval must be >= 0");
-    if (o.repeat < 1) cli::bad_usage("--repeat must be >= 1");
-    if (o.svg_path.empty()) cli::bad_usage("--svg needs a path");
+    const study::Setup& s = o.setup;
     // Defaults derived from the baseline, so they follow --num-blocks etc.
-    const int blocks_at_longest = pkv::blocks_for_tokens(s.prompt_len + s.max_tokens, s.block_size);
+    // (each flag's range keeps these products far from overflow).
+    const int blocks_at_longest = (int)pkv::blocks_for_tokens((int64_t)s.prompt_len + s.max_tokens, s.block_size);
     if (o.cap_seqs == 0) o.cap_seqs = std::max(1, s.num_blocks / blocks_at_longest);
     if (o.cap_tokens == 0) o.cap_tokens = std::max(1, s.max_tokens / 2);
     if (o.more_blocks == 0) o.more_blocks = 2 * s.num_blocks;
-    if (o.cap_seqs < 1 || o.cap_tokens < 1 || o.more_blocks < 1) cli::bad_usage("--cap-seqs, --cap-tokens and --more-blocks must be >= 1");
     return o;
 }
 
@@ -271,11 +240,10 @@ bool write_svg(const Options& o, const std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    cli::program = "fixes_study";
-    cli::print_usage = usage;
+int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
+    study::check_writable(o.svg_path);  // fail now, not after the runs
     const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows = plan(o, mt.model.cfg);
@@ -353,3 +321,5 @@ int main(int argc, char** argv) {
     if (svg_ok) std::printf("\nchart: %s\n", o.svg_path.c_str());
     return svg_ok ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("fixes_study", [&] { return run(argc, argv); }); }

@@ -25,93 +25,63 @@
 
 namespace {
 
-void usage(FILE* out) {
-    std::fprintf(out,
-                 "Usage: generate [checkpoint.bin] [options]\n"
-                 "  With no checkpoint, runs the built-in model (random weights, seed 42).\n"
-                 "Options (llama2.c run.c's):\n"
-                 "  -t <float>  temperature in [0,inf), default 1.0 (0 = greedy)\n"
-                 "  -p <float>  top-p in [0,1], default 0.9 (0 or 1 = off)\n"
-                 "  -s <int>    random seed, default time(NULL)\n"
-                 "  -n <int>    number of positions incl. BOS and prompt, default 256 (0 = model context)\n"
-                 "  -i <string> prompt\n"
-                 "  -z <string> tokenizer file, default tokenizer.bin (checkpoints only)\n"
-                 "pagedkv options:\n"
-                 "  --num-blocks <int>  KV cache blocks, default: enough for -n positions\n"
-                 "  --block-size <int>  positions per block, default 16\n"
-                 "  --device <name>     cpu (default), emulated (the CUDA kernels run on the CPU;\n"
-                 "                      CPU build only) or cuda (a GPU; `make cuda` build only)\n"
-                 "  --help              this text\n");
+struct Options {
+    std::string checkpoint, tokenizer_path, prompt;
+    double temperature = 1.0, top_p = 0.9;
+    uint64_t seed = 0;  // 0 = time(NULL), as run.c
+    long steps = 256;
+    int num_blocks = 0, block_size = 16;
+    pkv::Device device = pkv::Device::kCpu;
+};
+
+Options parse(int argc, char** argv) {
+    Options o;
+    cli::Parser p("generate", "[checkpoint.bin] [options]",
+                  "llama2.c's run.c command line on the paged engine. With no checkpoint, runs the built-in model\n"
+                  "(random weights, seed 42).");
+    p.positional(&o.checkpoint, "checkpoint");
+    p.real("-t", &o.temperature, 0, 100, "temperature, 0 = greedy");
+    p.real("-p", &o.top_p, 0, 1, "top-p (nucleus); 0 or 1 = off");
+    p.integer("-s", &o.seed, 0, std::numeric_limits<int64_t>::max(), "random seed; 0 = time(NULL)");
+    p.integer("-n", &o.steps, 0, 1 << 24, "positions incl. BOS and prompt; 0 or more than the model's context = its context");
+    p.text("-i", &o.prompt, "TEXT", "prompt", /*nonempty=*/false);
+    p.text("-z", &o.tokenizer_path, "FILE", "tokenizer file, default tokenizer.bin (checkpoints only)");
+    p.integer("--num-blocks", &o.num_blocks, 0, 1 << 22, "KV cache blocks; 0 = enough for -n positions");
+    p.integer("--block-size", &o.block_size, 1, pkv::kMaxBlockSize, "positions per block");
+    p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
+             "cpu, emulated (the CUDA kernels on the CPU; CPU build only) or cuda (a GPU; `make cuda` build only)");
+    p.epilog("Where run.c clamps a bad -t or -p to a default, we refuse it; -n is clamped to the model's context as in run.c.");
+    p.parse(argc, argv);
+    if (!o.tokenizer_path.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
+    return o;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    cli::program = "generate";
-    cli::print_usage = usage;
-    std::string checkpoint, tokenizer_path, prompt;
-    float temperature = 1.0f, top_p = 0.9f;
-    unsigned long long seed = 0;
-    long steps = 256;
-    long num_blocks = 0, block_size = 16;
-    std::string device_name = "cpu";
-
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); return 0; }
-        if (a[0] != '-') {
-            if (!checkpoint.empty()) cli::bad_usage("more than one checkpoint given ('" + checkpoint + "' and '" + a + "')");
-            checkpoint = a;
-            continue;
-        }
-        static const char* const kFlags[] = {"-t", "-p", "-s", "-n", "-i", "-z", "--num-blocks", "--block-size", "--device"};
-        if (std::find(std::begin(kFlags), std::end(kFlags), a) == std::end(kFlags)) cli::bad_usage("unknown option " + a);
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* val = argv[++i];
-        if (a == "-t") temperature = (float)cli::parse_float("-t", val);
-        else if (a == "-p") top_p = (float)cli::parse_float("-p", val);
-        else if (a == "-s") seed = (unsigned long long)cli::parse_int("-s", val);
-        else if (a == "-n") steps = cli::parse_int("-n", val);
-        else if (a == "-i") prompt = val;
-        else if (a == "-z") tokenizer_path = val;
-        else if (a == "--num-blocks") num_blocks = cli::parse_int("--num-blocks", val);
-        else if (a == "--block-size") block_size = cli::parse_int("--block-size", val);
-        else if (a == "--device") device_name = val;
-    }
-    // run.c's parameter clean-up.
+int run(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    const float temperature = (float)o.temperature, top_p = (float)o.top_p;
+    const int block_size = o.block_size;
+    uint64_t seed = o.seed;
     if (seed == 0) seed = (unsigned int)std::time(nullptr);
-    if (temperature < 0.0f) temperature = 0.0f;
-    if (top_p < 0.0f || 1.0f < top_p) top_p = 0.9f;
-    if (block_size <= 0 || block_size > 4096) cli::bad_usage("--block-size must be in 1..4096");
 
-    pkv::ModelAndTokenizer mt;
-    try {
-        mt = pkv::load_model_and_tokenizer(checkpoint, tokenizer_path);
-    } catch (const pkv::FileError& e) {
-        std::fprintf(stderr, "generate: %s\n", e.what());
-        return 1;
-    }
+    const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer_path);
     const pkv::Config& cfg = mt.model.cfg;
-    if (steps <= 0 || steps > cfg.seq_len) steps = cfg.seq_len;
+    const int steps = (o.steps <= 0 || o.steps > cfg.seq_len) ? cfg.seq_len : (int)o.steps;
 
     // The paged KV cache: a pool of blocks, and this sequence's block table.
     const int needed_blocks = (int)pkv::blocks_for_tokens(steps, block_size);
-    if (num_blocks == 0) num_blocks = needed_blocks;
-    if (num_blocks < needed_blocks) {
-        std::fprintf(stderr, "generate: --num-blocks %ld holds %ld positions, but -n %ld needs %d blocks of %ld\n", num_blocks,
-                     num_blocks * block_size, steps, needed_blocks, block_size);
-        return 1;
-    }
-    pkv::KVGeometry geo{cfg.n_layers, (int)num_blocks, (int)block_size, cfg.n_kv_heads, cfg.head_dim()};
-    std::unique_ptr<pkv::ModelRunner> runner;
-    try {
-        runner = pkv::make_model_runner(pkv::parse_device(device_name), mt.model);
-        runner->init_kv_cache(geo, 0);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "generate: %s\n", e.what());
-        return 1;
-    }
-    pkv::BlockPool pool((int)num_blocks, (int)block_size, /*enable_prefix_caching=*/false);
+    const int num_blocks = o.num_blocks == 0 ? needed_blocks : o.num_blocks;
+    if (num_blocks < needed_blocks)
+        cli::bad_usage("--num-blocks " + std::to_string(num_blocks) + " holds " + std::to_string((long)num_blocks * block_size) +
+                       " positions, but -n " + std::to_string(steps) + " needs " + std::to_string(needed_blocks) + " blocks of " +
+                       std::to_string(block_size));
+    const pkv::KVGeometry geo{cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim()};
+    const uint64_t need = pkv::mul_sat((uint64_t)num_blocks, geo.bytes_per_block());
+    if (need > pkv::host_memory_bytes())
+        throw std::runtime_error("a KV cache of " + std::to_string(num_blocks) + " blocks needs " + pkv::format_bytes(need) +
+                                 ", more than this machine's " + pkv::format_bytes(pkv::host_memory_bytes()) + ": lower --num-blocks or --block-size");
+    std::unique_ptr<pkv::ModelRunner> runner = pkv::make_model_runner(o.device, mt.model);
+    runner->init_kv_cache(geo, 0);
+    pkv::BlockPool pool(num_blocks, block_size, /*enable_prefix_caching=*/false);
     pkv::BlockTable table;
     std::vector<float> logits;
     std::vector<int32_t> greedy;  // -t 0: the argmax, computed where the logits are
@@ -122,11 +92,11 @@ int main(int argc, char** argv) {
     std::vector<std::pair<float, int>> scratch;
     uint64_t rng = seed;
 
-    std::vector<int> prompt_tokens = mt.tok.encode(prompt, /*bos=*/true);
+    std::vector<int> prompt_tokens = mt.tok.encode(o.prompt, /*bos=*/true);
     const int num_prompt = (int)prompt_tokens.size();
 
     // Prefill: the first P prompt positions in one batch, logits for the last.
-    const int P = std::min<int>(num_prompt, (int)steps);
+    const int P = std::min<int>(num_prompt, steps);
     pkv::allocate_slots(pool, table, {}, P);
     {
         pkv::ForwardBatch b;
@@ -163,3 +133,7 @@ int main(int argc, char** argv) {
     if (pos > P && secs > 0) std::fprintf(stderr, "achieved tok/s: %f\n", (pos - P) / secs);
     return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return cli::guarded_main("generate", [&] { return run(argc, argv); }); }

@@ -123,25 +123,16 @@ Budget run_budget(const pkv::Model& m, pkv::KVDtype dtype) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
     int n = 48;
     bool json = false;
-    cli::program = "kv_dtype_study";
-    cli::print_usage = [](FILE* out) {
-        std::fprintf(out, "Usage: kv_dtype_study [--tokens N] [--json]\n"
-                          "  Cost of f16 and int8 KV caches against f32 (max logit difference, greedy agreement)\n"
-                          "  on the built-in model and stories260K (when ../shared/models or $PAGEDKV_MODELS has it),\n"
-                          "  and what each buys at the same byte budget on the overload workload.\n"
-                          "  --tokens N  generated tokens per prompt (default 48)\n");
-    };
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { cli::print_usage(stdout); return 0; }
-        if (a == "--json") json = true;
-        else if (a == "--tokens" && i + 1 < argc) n = (int)cli::parse_int(a, argv[++i]);
-        else cli::bad_usage("unknown option " + a);
-    }
-    if (n < 1 || n > 400) cli::bad_usage("--tokens must be in 1..400");
+    cli::Parser p("kv_dtype_study", "[options]",
+                  "Cost of f16 and int8 KV caches against f32 (max logit difference, greedy agreement)\n"
+                  "on the built-in model and stories260K (when ../shared/models or $PAGEDKV_MODELS has it),\n"
+                  "and what each buys at the same byte budget on the overload workload.");
+    p.integer("--tokens", &n, 1, 400, "generated tokens per prompt");
+    p.flag("--json", &json, "one JSON object on stdout instead of the table");
+    p.parse(argc, argv);
 
     std::vector<Row> rows;
     pkv::ModelAndTokenizer builtin = pkv::load_model_and_tokenizer("", "");
@@ -183,3 +174,5 @@ int main(int argc, char** argv) {
     for (const Budget& b : budgets) std::printf("  %-5s  %10d  %12ld  %18ld\n", b.dtype.c_str(), b.num_blocks, b.preemptions, b.recomputed);
     return 0;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("kv_dtype_study", [&] { return run(argc, argv); }); }

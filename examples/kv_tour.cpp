@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "examples/cli.hpp"
 #include "paged_kv.cuh"
 
 namespace {
@@ -31,11 +32,9 @@ void show(const char* what, const pkv::BlockPool& pool) {
 
 }  // namespace
 
-int main(int argc, char**) {
-    if (argc > 1) {
-        std::printf("Usage: kv_tour\n  Narrates block allocation, slots, LRU freeing and a prefix-cache hit.\n");
-        return 0;
-    }
+int run(int argc, char** argv) {
+    cli::Parser p("kv_tour", "", "Narrates block allocation, slots, the free list's order and a prefix-cache hit.");
+    p.parse(argc, argv);
     const int block_size = 4;
     pkv::BlockPool pool(8, block_size, /*enable_prefix_caching=*/true);
     std::printf("A pool of 8 blocks x %d slots, prefix caching on.\n", block_size);
@@ -84,3 +83,5 @@ int main(int argc, char**) {
                 pool.check_invariants({&tc.blocks}).empty() ? "ok" : "BROKEN");
     return 0;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("kv_tour", [&] { return run(argc, argv); }); }

@@ -37,101 +37,25 @@ namespace {
 // with this demo's defaults; we add what only this program has.
 struct Options : study::Setup {
     std::string checkpoint, tokenizer;
-    bool json = false, lanes = true;
-    Options() { log_interval = 0.2; swap_space_blocks = 64; }
+    bool json = false, no_lanes = false;
+    Options() { swap_space_blocks = 64; }
 };
-
-void usage(FILE* out) {
-    Options d;
-    std::fprintf(out,
-                 "Usage: overload [checkpoint.bin -z tokenizer.bin] [options]\n"
-                 "  Many requests on a deliberately small KV cache (built-in model by default).\n"
-                 "  --num-blocks N              KV cache blocks (default %d)\n"
-                 "  --block-size N              tokens per block (default %d)\n"
-                 "  --requests N                requests, all arriving at once (default %d)\n"
-                 "  --max-num-seqs N            running requests at most (default %d)\n"
-                 "  --max-num-batched-tokens N  token budget per step (default %d)\n"
-                 "  --max-tokens N              output tokens per request (default %d)\n"
-                 "  --prompt-len N              prompt tokens per request, incl. BOS (default %d)\n"
-                 "  --max-model-len N           longest sequence (default: model context capped to the pool)\n"
-                 "  --prefix-caching on|off     (default off)\n"
-                 "  --admission bet|reserve     page on demand, or reserve prompt+max_tokens (default bet)\n"
-                 "  --max-waiting N             shed load: reject when N are waiting (default 0 = never)\n"
-                 "  --victim newest|oldest      who is preempted when the cache runs out (default newest)\n"
-                 "  --preemption recompute|swap what happens to a victim's KV cache (default recompute)\n"
-                 "  --swap-space N              host swap space in blocks, for --preemption swap (default 64)\n"
-                 "  --kv-dtype f32|f16|int8     the KV cache's element type (default f32)\n"
-                 "  --kv-cache-mb X             size the pool from a byte budget instead of --num-blocks\n"
-                 "  --temperature T             0 = greedy (default 0); sampling is seeded per request\n"
-                 "  --seed N                    workload and sampling seed (default 1)\n"
-                 "  --no-lanes                  skip the per-step lanes\n"
-                 "  --log-interval S            seconds between INFO log lines on stderr (default 0.2; 0 = off)\n"
-                 "  --device cpu|emulated|cuda  where the model runs (default cpu; emulated = the CUDA kernels\n"
-                 "                              on the CPU, slow; cuda = a GPU, `make cuda` build)\n"
-                 "  --json                      one JSON object on stdout (requests + metrics), nothing else\n"
-                 "  -z FILE                     tokenizer for a checkpoint\n",
-                 d.num_blocks, d.block_size, d.requests, d.max_num_seqs, d.max_num_batched_tokens, d.max_tokens, d.prompt_len);
-}
 
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-        if (a == "--json") { o.json = true; continue; }
-        if (a == "--no-lanes") { o.lanes = false; continue; }
-        if (a[0] != '-') {
-            if (!o.checkpoint.empty()) cli::bad_usage("more than one checkpoint given");
-            o.checkpoint = a;
-            continue;
-        }
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* v = argv[++i];
-        if (a == "--num-blocks") o.num_blocks = (int)cli::parse_int(a, v);
-        else if (a == "--block-size") o.block_size = (int)cli::parse_int(a, v);
-        else if (a == "--requests") o.requests = (int)cli::parse_int(a, v);
-        else if (a == "--max-num-seqs") o.max_num_seqs = (int)cli::parse_int(a, v);
-        else if (a == "--max-num-batched-tokens") o.max_num_batched_tokens = (int)cli::parse_int(a, v);
-        else if (a == "--max-tokens") o.max_tokens = (int)cli::parse_int(a, v);
-        else if (a == "--prompt-len") o.prompt_len = (int)cli::parse_int(a, v);
-        else if (a == "--max-model-len") o.max_model_len = (int)cli::parse_int(a, v);
-        else if (a == "--max-waiting") o.max_waiting = (int)cli::parse_int(a, v);
-        else if (a == "--seed") o.seed = (uint64_t)cli::parse_int(a, v);
-        else if (a == "--temperature") o.temperature = cli::parse_float(a, v);
-        else if (a == "--log-interval") o.log_interval = cli::parse_float(a, v);
-        else if (a == "--device") {
-            try {
-                o.device = pkv::parse_device(v);
-            } catch (const std::invalid_argument& e) {
-                cli::bad_usage(e.what());
-            }
-        }
-        else if (a == "--prefix-caching") o.prefix_caching = cli::parse_on_off(a, v);
-        else if (a == "--admission") {
-            if (std::string(v) == "bet") o.admission = pkv::Admission::kBet;
-            else if (std::string(v) == "reserve") o.admission = pkv::Admission::kReserve;
-            else cli::bad_usage("--admission expects bet or reserve");
-        } else if (a == "--victim") {
-            if (std::string(v) == "newest") o.victim = pkv::Victim::kNewest;
-            else if (std::string(v) == "oldest") o.victim = pkv::Victim::kOldest;
-            else cli::bad_usage("--victim expects newest or oldest");
-        } else if (a == "--preemption") {
-            if (std::string(v) == "recompute") o.preemption = pkv::Preemption::kRecompute;
-            else if (std::string(v) == "swap") o.preemption = pkv::Preemption::kSwap;
-            else cli::bad_usage("--preemption expects recompute or swap");
-        } else if (a == "--swap-space") o.swap_space_blocks = (int)cli::parse_int(a, v);
-        else if (a == "--kv-dtype") {
-            try {
-                o.kv_dtype = pkv::parse_kv_dtype(v);
-            } catch (const std::invalid_argument& e) {
-                cli::bad_usage(e.what());
-            }
-        } else if (a == "--kv-cache-mb") o.kv_cache_mb = cli::parse_float(a, v);
-        else if (a == "-z") o.tokenizer = v;
-        else cli::bad_usage("unknown option " + a);
-    }
-    if (o.requests < 1 || o.prompt_len < 1 || o.max_tokens < 1 || o.temperature < 0)
-        cli::bad_usage("--requests, --prompt-len and --max-tokens must be >= 1, --temperature >= 0");
+    cli::Parser p("overload", "[checkpoint.bin -z tokenizer.bin] [options]",
+                  "Many requests, all arriving at once, on a deliberately small KV cache (built-in model by default).");
+    p.positional(&o.checkpoint, "checkpoint");
+    p.text("-z", &o.tokenizer, "FILE", "tokenizer for a checkpoint");
+    study::add_workload_flags(p, o);
+    study::add_engine_flags(p, o);
+    p.real("--temperature", &o.temperature, 0, 100, "0 = greedy; sampling is seeded per request");
+    p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
+    p.flag("--no-lanes", &o.no_lanes, "skip the per-step lanes");
+    p.flag("--json", &o.json, "one JSON object on stdout (requests + metrics), nothing else");
+    p.parse(argc, argv);
+    if (!o.tokenizer.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
+    study::check_workload(o);
     return o;
 }
 
@@ -157,26 +81,12 @@ std::string json_array(const T& v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    cli::program = "overload";
-    cli::print_usage = usage;
+int run(int argc, char** argv) {
     const Options opt = parse(argc, argv);
-
-    pkv::ModelAndTokenizer mt;
-    try {
-        mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
-    } catch (const pkv::FileError& e) {
-        std::fprintf(stderr, "overload: %s\n", e.what());
-        return 1;
-    }
-    std::unique_ptr<pkv::Engine> engine;
-    try {
-        engine = std::make_unique<pkv::Engine>(pkv::make_model_runner(opt.device, mt.model), engine_config(opt));
-    } catch (const std::exception& e) {  // a bad size, or a device this build cannot run
-        std::fprintf(stderr, "overload: %s\n", e.what());
-        return 1;
-    }
-    pkv::Engine& eng = *engine;
+    const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
+    // A bad size or a device this build cannot run throws here, with a message
+    // that says what to change; guarded_main prints it.
+    pkv::Engine eng(pkv::make_model_runner(opt.device, mt.model), engine_config(opt));
     const bool show = !opt.json;
     if (show) {
         std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
@@ -184,7 +94,7 @@ int main(int argc, char** argv) {
         std::printf("%s\n", eng.startup_summary().c_str());
         std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
                     opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs,
-                    opt.admission == pkv::Admission::kBet ? "bet" : "reserve", opt.prefix_caching ? "on" : "off");
+                    pkv::to_string(opt.admission), opt.prefix_caching ? "on" : "off");
     }
 
     // Per-request view of the stream, as a client would collect it.
@@ -219,6 +129,8 @@ int main(int argc, char** argv) {
             case pkv::EventType::kRejected: break;
         }
     };
+    // The periodic log goes to stderr, and only when asked (--log-interval):
+    // on a terminal it would land between the lanes.
     if (show) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
 
     const std::vector<std::vector<int32_t>> prompts = add_workload(eng, mt.tok, opt);
@@ -229,7 +141,7 @@ int main(int argc, char** argv) {
                 std::printf("request %d rejected: %s\n", i, eng.request(i)->reject_reason.c_str());
     }
 
-    if (show && opt.lanes) {
+    if (show && !opt.no_lanes) {
         std::printf("lanes: p prefill  . token  X preempted  ~ paused  R resumed (recompute)  $ finished\n");
         std::printf("%5s %4s %4s %4s  ", "step", "kv%", "run", "wait");
         for (int i = 0; i < R; ++i) std::printf("%d", i / 10 % 10);
@@ -251,7 +163,7 @@ int main(int argc, char** argv) {
             lane[i] = r->state == pkv::RequestState::kRunning ? 'p' : (paused[i] ? '~' : ' ');
         }
         eng.step();
-        if (show && opt.lanes) {
+        if (show && !opt.no_lanes) {
             // Steps that look exactly like the one before are folded into a count.
             const pkv::Metrics& m = eng.metrics();
             std::string row(lane.begin(), lane.end());
@@ -262,7 +174,7 @@ int main(int argc, char** argv) {
             last_row = row;
         }
     }
-    if (show && opt.lanes) flush_repeats();
+    if (show && !opt.no_lanes) flush_repeats();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const pkv::Metrics& m = eng.metrics();
 
@@ -274,7 +186,7 @@ int main(int argc, char** argv) {
              std::to_string(opt.max_num_batched_tokens) + ",\"max_tokens\":" + std::to_string(opt.max_tokens) +
              ",\"prompt_len\":" + std::to_string(opt.prompt_len) + ",\"max_model_len\":" +
              std::to_string(eng.config().sched.max_model_len) + ",\"prefix_caching\":" + (opt.prefix_caching ? "true" : "false") +
-             ",\"admission\":\"" + (opt.admission == pkv::Admission::kBet ? "bet" : "reserve") + "\",\"max_waiting\":" +
+             ",\"admission\":\"" + pkv::to_string(opt.admission) + "\",\"max_waiting\":" +
              std::to_string(opt.max_waiting) + ",\"seed\":" + std::to_string(opt.seed) + "},\"requests\":[";
         for (int i = 0; i < R; ++i) {
             pkv::Request* r = eng.request(i);
@@ -367,3 +279,5 @@ int main(int argc, char** argv) {
     }
     return 0;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("overload", [&] { return run(argc, argv); }); }

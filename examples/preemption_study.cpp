@@ -67,50 +67,23 @@ struct Options {
     bool json = false;
 };
 
-void usage(FILE* out) {
-    const Options d;
-    std::fprintf(out,
-                 "Usage: preemption_study [options]\n"
-                 "  One overloaded workload (built-in model, all requests at once), preempted four ways:\n"
-                 "  recompute, recompute + prefix caching, swap with ample swap space, swap with a small\n"
-                 "  one (victims that do not fit fall back to recompute). Then the same four at several\n"
-                 "  output lengths, with the KV cache scaled to keep the pressure the same.\n"
-                 "  --lengths LIST              output lengths of the second table (default 32,96,160)\n"
-                 "  --small-swap-pct P          small swap space, %% of the KV cache's blocks (default %d);\n"
-                 "                              the ample one holds every request at its longest\n"
-                 "  --max-num-seqs N            running requests at most (default %d)\n"
-                 "  --repeat N                  run each point N times, keep the fastest (default %d)\n",
-                 d.small_swap_pct, d.setup.max_num_seqs, d.repeat);
-    study::print_workload_usage(out, d.setup);
-    std::fprintf(out,
-                 "  --svg PATH                  chart to write (default %s)\n"
-                 "  --json                      one JSON object on stdout instead of the tables\n"
-                 "  -h, --help                  this text\n",
-                 d.svg_path.c_str());
-}
-
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-        if (a == "--json") { o.json = true; continue; }
-        if (a.empty() || a[0] != '-') cli::bad_usage("unexpected argument '" + a + "' (this study uses the built-in model)");
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* v = argv[++i];
-        if (study::parse_workload_flag(a, v, o.setup)) continue;
-        if (a == "--lengths") o.lengths = study::parse_int_list(a, v);
-        else if (a == "--small-swap-pct") o.small_swap_pct = (int)cli::parse_int(a, v);
-        else if (a == "--max-num-seqs") o.setup.max_num_seqs = (int)cli::parse_int(a, v);
-        else if (a == "--repeat") o.repeat = (int)cli::parse_int(a, v);
-        else if (a == "--svg") o.svg_path = v;
-        else cli::bad_usage("unknown option " + a);
-    }
+    cli::Parser p("preemption_study", "[options]",
+                  "One overloaded workload (built-in model, all requests at once), preempted four ways:\n"
+                  "recompute, recompute + prefix caching, swap with ample swap space, swap with a small\n"
+                  "one (victims that do not fit fall back to recompute). Then the same four at several\n"
+                  "output lengths, with the KV cache scaled to keep the pressure the same.");
+    p.int_list("--lengths", &o.lengths, 1, (int)study::kMaxLen, 16, "output lengths of the second table");
+    p.integer("--small-swap-pct", &o.small_swap_pct, 1, 1000,
+              "small swap space, % of the KV cache's blocks (the ample one holds every request at its longest)");
+    p.integer("--max-num-seqs", &o.setup.max_num_seqs, 1, 1 << 16, "running requests at most");
+    p.integer("--repeat", &o.repeat, 1, 100, "run each point N times, keep the fastest");
+    study::add_workload_flags(p, o.setup);
+    p.text("--svg", &o.svg_path, "PATH", "chart to write");
+    p.flag("--json", &o.json, "one JSON object on stdout instead of the table");
+    p.parse(argc, argv);
     study::check_workload(o.setup);
-    if (o.setup.max_num_seqs < 1) cli::bad_usage("--max-num-seqs must be >= 1");
-    if (o.small_swap_pct < 1 || o.small_swap_pct > 1000) cli::bad_usage("--small-swap-pct must be in [1, 1000]");
-    if (o.repeat < 1) cli::bad_usage("--repeat must be >= 1");
-    if (o.svg_path.empty()) cli::bad_usage("--svg needs a path");
     std::sort(o.lengths.begin(), o.lengths.end());
     o.lengths.erase(std::unique(o.lengths.begin(), o.lengths.end()), o.lengths.end());
     return o;
@@ -119,7 +92,7 @@ Options parse(int argc, char** argv) {
 // ---- sizing ------------------------------------------------------------------------
 
 // Blocks one request holds at its longest.
-int blocks_per_request(const study::Setup& s) { return pkv::blocks_for_tokens(s.prompt_len + s.max_tokens, s.block_size); }
+int blocks_per_request(const study::Setup& s) { return (int)pkv::blocks_for_tokens((int64_t)s.prompt_len + s.max_tokens, s.block_size); }
 
 // The workload at output length `len`, the KV cache scaled so that it holds
 // as many requests at their longest as the main workload's does (48 blocks /
@@ -401,7 +374,7 @@ std::vector<std::string> conclude(const Options& o, const Results& R) {
 
 // ---- the chart -------------------------------------------------------------------
 
-void write_svg(const Options& o, const Results& R) {
+bool write_svg(const Options& o, const Results& R) {
     svg::Figure fig;
     const study::Setup& w = o.setup;
     std::vector<std::string> cats;
@@ -472,7 +445,9 @@ void write_svg(const Options& o, const Results& R) {
         fig.add(d);
     }
     std::string err;
-    if (!fig.write(o.svg_path, &err)) std::fprintf(stderr, "preemption_study: %s\n", err.c_str());
+    if (fig.write(o.svg_path, &err)) return true;
+    std::fprintf(stderr, "preemption_study: %s\n", err.c_str());
+    return false;
 }
 
 // ---- output ----------------------------------------------------------------------
@@ -514,9 +489,7 @@ void print_main(const std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    cli::program = "preemption_study";
-    cli::print_usage = usage;
+int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
     // Checks that need the model: every sequence fits its context, and the
@@ -534,6 +507,7 @@ int main(int argc, char** argv) {
                        std::to_string(blocks_per_request(o.setup)) + " blocks of " + std::to_string(o.setup.block_size) +
                        "): raise --num-blocks or lower --max-tokens");
 
+    study::check_writable(o.svg_path);  // fail now, not after the runs
     Results R;
     const double load = study::load_average();  // before the runs; load_end after them
     R.kv_bytes_per_token = 2L * mt.model.cfg.n_layers * mt.model.cfg.kv_dim() * (long)sizeof(float);
@@ -553,7 +527,7 @@ int main(int argc, char** argv) {
     const double load_end = study::load_average();
     const std::string warning = study::busy_warning(load, load_end);
     const std::vector<std::string> conclusion = conclude(o, R);
-    write_svg(o, R);
+    const bool svg_ok = write_svg(o, R);
 
     const study::Setup& w = o.setup;
     if (o.json) {
@@ -581,7 +555,7 @@ int main(int argc, char** argv) {
                                 .str("svg", o.svg_path)
                                 .dump()
                                 .c_str());
-        return 0;
+        return svg_ok ? 0 : 1;
     }
 
     const double block_mib = (double)R.kv_bytes_per_token * w.block_size / 1048576.0;
@@ -613,6 +587,8 @@ int main(int argc, char** argv) {
     std::printf("\ncopy rate on this machine: %.1f GB/s (memcpy of %zu KiB pieces, the CPU runner's swap pattern)\n\n",
                 R.copy.gb_per_s, R.copy.piece_bytes / 1024);
     for (const std::string& c : conclusion) std::printf("conclusion: %s\n", c.c_str());
-    std::printf("\nchart: %s\n", o.svg_path.c_str());
-    return 0;
+    if (svg_ok) std::printf("\nchart: %s\n", o.svg_path.c_str());
+    return svg_ok ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("preemption_study", [&] { return run(argc, argv); }); }

@@ -44,39 +44,17 @@ struct Options {
     bool json = false;
 };
 
-void usage(FILE* out) {
-    const Options d;
-    std::fprintf(out,
-                 "Usage: victim_study [options]\n"
-                 "  Preempt the newest, preempt the oldest, or reserve and never preempt: the same\n"
-                 "  overloaded workload (built-in model, all requests at once) under each policy.\n"
-                 "  --max-num-seqs N            running requests at most (default %d)\n",
-                 d.setup.max_num_seqs);
-    study::print_workload_usage(out, d.setup);
-    std::fprintf(out,
-                 "  --svg PATH                  chart to write (default %s)\n"
-                 "  --json                      one JSON object on stdout instead of the table\n"
-                 "  -h, --help                  this text\n",
-                 d.svg_path.c_str());
-}
-
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
-        if (a == "--json") { o.json = true; continue; }
-        if (a.empty() || a[0] != '-') cli::bad_usage("unexpected argument '" + a + "' (this study uses the built-in model)");
-        if (i + 1 >= argc) cli::bad_usage("option " + a + " needs a value");
-        const char* v = argv[++i];
-        if (study::parse_workload_flag(a, v, o.setup)) continue;
-        if (a == "--max-num-seqs") o.setup.max_num_seqs = (int)cli::parse_int(a, v);
-        else if (a == "--svg") o.svg_path = v;
-        else cli::bad_usage("unknown option " + a);
-    }
+    cli::Parser p("victim_study", "[options]",
+                  "Preempt the newest, preempt the oldest, or reserve and never preempt: the same\n"
+                  "overloaded workload (built-in model, all requests at once) under each policy.");
+    p.integer("--max-num-seqs", &o.setup.max_num_seqs, 1, 1 << 16, "running requests at most");
+    study::add_workload_flags(p, o.setup);
+    p.text("--svg", &o.svg_path, "PATH", "chart to write");
+    p.flag("--json", &o.json, "one JSON object on stdout instead of the table");
+    p.parse(argc, argv);
     study::check_workload(o.setup);
-    if (o.setup.max_num_seqs < 1) cli::bad_usage("--max-num-seqs must be >= 1");
-    if (o.svg_path.empty()) cli::bad_usage("--svg needs a path");
     return o;
 }
 
@@ -191,11 +169,10 @@ bool write_svg(const Options& o, const std::vector<Row>& rows) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    cli::program = "victim_study";
-    cli::print_usage = usage;
+int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
+    study::check_writable(o.svg_path);  // fail now, not after the runs
     const double load = study::load_average();  // before the runs; load_end after them
 
     std::vector<Row> rows;
@@ -221,8 +198,8 @@ int main(int argc, char** argv) {
             std::vector<std::string> curve;
             for (double t : r.m.done_step) curve.push_back(std::to_string((long)t));
             study::Json j = study::measurement_json(r.m);
-            j.str("policy", r.policy->name).str("admission", study::to_string(r.policy->admission));
-            j.str("victim", study::to_string(r.policy->victim)).num("mean_completion_step", mean_done_step(r.m));
+            j.str("policy", r.policy->name).str("admission", pkv::to_string(r.policy->admission));
+            j.str("victim", pkv::to_string(r.policy->victim)).num("mean_completion_step", mean_done_step(r.m));
             for (double f : kCheckpoints) {
                 char k[48];
                 std::snprintf(k, sizeof k, "completed_at_%.0f_pct_of_newest_run", 100 * f);
@@ -275,3 +252,5 @@ int main(int argc, char** argv) {
     if (svg_ok) std::printf("\nchart: %s\n", o.svg_path.c_str());
     return svg_ok ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return cli::guarded_main("victim_study", [&] { return run(argc, argv); }); }

@@ -21,6 +21,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,7 +44,7 @@ namespace study {
 // ============================================================================
 
 struct Setup {
-    // The engine. Defaults are chapter 3's demo (examples/overload).
+    // The engine. Defaults are `make run`'s demo (examples/overload).
     int num_blocks = 40, block_size = 16, max_num_seqs = 16, max_num_batched_tokens = 256;
     int max_model_len = 0;  // 0 = derive (the model's context capped to the pool)
     int max_waiting = 0;    // 0 = unbounded waiting queue
@@ -71,13 +74,13 @@ struct Setup {
 // afterwards:
 //   48 requests x (32 prompt + 160 output tokens), 48 blocks of 16.
 // Why this shape: outputs are long next to their prompts (5:1, like chat
-// answers), so the pool drains through *growth*, which is what the bet of
-// chapter 3 loses on: admission sees 2 blocks per request, but each one grows
+// answers), so the pool drains through *growth*, which is what the admission
+// bet loses on: admission sees 2 blocks per request, but each one grows
 // to 12 (192 tokens). The pool (768 token slots) holds exactly 4 requests at
 // their longest, while the whole workload would need 576 blocks, 12x the
 // pool; and at max_num_seqs 16 the engine runs about 3x more requests than
 // fit at the end. 48 requests keep the queue non-empty for most of a run,
-// and the whole run stays around a second on two CPU cores.
+// and a run stays short enough for a study to make many of them.
 inline Setup study_setup() {
     Setup s;
     s.requests = 48;
@@ -89,25 +92,44 @@ inline Setup study_setup() {
     return s;
 }
 
-inline const char* to_string(pkv::Admission a) { return a == pkv::Admission::kBet ? "bet" : "reserve"; }
-inline const char* to_string(pkv::Victim v) { return v == pkv::Victim::kNewest ? "newest" : "oldest"; }
 
 // ============================================================================
 // 2. The workload and the engine
 // ============================================================================
 
-// Prompt i: BOS, then words drawn with a per-request seed, cut to exactly `len`
-// tokens. Works with any tokenizer; the words come from the built-in list.
+// A prompt: BOS, then words drawn with `seed`, cut to exactly `len` tokens.
+// Works with any tokenizer; the words come from the built-in list.
+//
+// It is the first `len` tokens of encode("w1 w2 w3 ..."), built in time
+// linear in `len`: when no merge can cross a space
+// (Tokenizer::merges_stay_within_words, true for the built-in vocabulary and
+// for llama2.c's), that encoding is BOS followed by encode_raw(" w") of each
+// word in turn, and each distinct word is encoded once. For a tokenizer where
+// a merge could cross a space we encode the growing text instead, doubling
+// the number of words each time, which is still O(len log len).
 inline std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint64_t seed) {
-    uint64_t rng = seed;
-    std::string text;
-    std::vector<int> ids = tok.encode(text, true);
     const int num_words = (int)(sizeof(pkv::kBuiltinWords) / sizeof(pkv::kBuiltinWords[0]));
-    while ((int)ids.size() < len) {
-        text += (text.empty() ? "" : " ") + std::string(pkv::kBuiltinWords[pkv::splitmix64(rng) % num_words]);
+    uint64_t rng = seed;
+    auto next_word = [&]() { return pkv::kBuiltinWords[pkv::splitmix64(rng) % num_words]; };
+    std::vector<int> ids;
+    if (tok.merges_stay_within_words() && tok.lookup(" ") >= 0) {
+        std::vector<std::vector<int>> cache((size_t)num_words);  // [word index] encode_raw(" " + word)
+        ids.push_back(pkv::kBosId);
+        while ((int)ids.size() < len) {
+            const uint64_t r = pkv::splitmix64(rng) % num_words;
+            std::vector<int>& piece = cache[r];
+            if (piece.empty()) piece = tok.encode_raw(std::string(" ") + pkv::kBuiltinWords[r]);
+            ids.insert(ids.end(), piece.begin(), piece.end());
+        }
+    } else {
+        std::string text;
         ids = tok.encode(text, true);
+        for (int words = 1; (int)ids.size() < len; words *= 2) {
+            for (int w = 0; w < words; ++w) text += (text.empty() ? "" : " ") + std::string(next_word());
+            ids = tok.encode(text, true);
+        }
     }
-    ids.resize(len);
+    ids.resize((size_t)len);
     return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
@@ -299,64 +321,62 @@ inline Measurement run(const pkv::ModelAndTokenizer& mt, const Setup& s) {
 // 4. Command lines and output, shared by the studies
 // ============================================================================
 
-// The workload and pool flags every study accepts. Returns false when `a` is
-// not one of them; otherwise stores the value `v` into `s`.
-inline bool parse_workload_flag(const std::string& a, const char* v, Setup& s) {
-    if (a == "--requests") s.requests = (int)cli::parse_int(a, v);
-    else if (a == "--prompt-len") s.prompt_len = (int)cli::parse_int(a, v);
-    else if (a == "--max-tokens") s.max_tokens = (int)cli::parse_int(a, v);
-    else if (a == "--num-blocks") s.num_blocks = (int)cli::parse_int(a, v);
-    else if (a == "--block-size") s.block_size = (int)cli::parse_int(a, v);
-    else if (a == "--max-num-batched-tokens") s.max_num_batched_tokens = (int)cli::parse_int(a, v);
-    else if (a == "--seed") s.seed = (uint64_t)cli::parse_int(a, v);
-    else if (a == "--device") {
-        try {
-            s.device = pkv::parse_device(v);
-        } catch (const std::invalid_argument& e) {
-            cli::bad_usage(e.what());
-        }
-    } else return false;
-    return true;
+// The ranges of the flags below. Wide enough for any experiment a tutorial
+// suggests (and for the production-scale runs of the simulated GPU); narrow
+// enough that no combination overflows an int or asks for terabytes before
+// the engine's own memory check (Engine::derive) has a say.
+constexpr long long kMaxRequests = 1000000, kMaxLen = 1 << 20, kMaxBlocks = 1 << 22;
+// Prompts are built before the run, all of them: requests x prompt_len
+// tokens must stay below this many (4 bytes each).
+constexpr long long kMaxWorkloadTokens = 1LL << 28;
+
+// The workload and pool flags every study (and overload) accepts.
+inline void add_workload_flags(cli::Parser& p, Setup& s) {
+    p.integer("--requests", &s.requests, 1, kMaxRequests, "requests");
+    p.integer("--prompt-len", &s.prompt_len, 1, kMaxLen, "prompt tokens per request, incl. BOS");
+    p.integer("--max-tokens", &s.max_tokens, 1, kMaxLen, "output tokens per request");
+    p.integer("--num-blocks", &s.num_blocks, 1, kMaxBlocks, "KV cache blocks");
+    p.integer("--block-size", &s.block_size, 1, pkv::kMaxBlockSize, "tokens per block");
+    p.integer("--max-num-batched-tokens", &s.max_num_batched_tokens, 1, kMaxLen, "token budget per step");
+    p.integer("--seed", &s.seed, 0, std::numeric_limits<int64_t>::max(), "workload and sampling seed");
+    p.choice("--device", &s.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
+             "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU)");
 }
 
-inline void print_workload_usage(FILE* out, const Setup& d) {
-    std::fprintf(out,
-                 "  --requests N                requests (default %d)\n"
-                 "  --prompt-len N              prompt tokens per request, incl. BOS (default %d)\n"
-                 "  --max-tokens N              output tokens per request (default %d)\n"
-                 "  --num-blocks N              KV cache blocks (default %d)\n"
-                 "  --block-size N              tokens per block (default %d)\n"
-                 "  --max-num-batched-tokens N  token budget per step (default %d)\n"
-                 "  --seed N                    workload seed (default %llu)\n"
-                 "  --device cpu|emulated|cuda  where the model runs (default cpu)\n",
-                 d.requests, d.prompt_len, d.max_tokens, d.num_blocks, d.block_size, d.max_num_batched_tokens,
-                 (unsigned long long)d.seed);
+// The engine flags only overload exposes (the studies vary these per row).
+inline void add_engine_flags(cli::Parser& p, Setup& s) {
+    p.integer("--max-num-seqs", &s.max_num_seqs, 1, 1 << 16, "running requests at most");
+    p.integer("--max-model-len", &s.max_model_len, 0, kMaxLen, "longest sequence; 0 = the model's context capped to the pool");
+    p.on_off("--prefix-caching", &s.prefix_caching, "reuse cached blocks of identical prompt prefixes");
+    p.choice("--admission", &s.admission, {{"bet", pkv::Admission::kBet}, {"reserve", pkv::Admission::kReserve}},
+             "page on demand, or reserve prompt + max_tokens at admission");
+    p.integer("--max-waiting", &s.max_waiting, 0, kMaxRequests, "shed load: reject while this many wait; 0 = never");
+    p.choice("--victim", &s.victim, {{"newest", pkv::Victim::kNewest}, {"oldest", pkv::Victim::kOldest}},
+             "who is preempted when the cache runs out");
+    p.choice("--preemption", &s.preemption, {{"recompute", pkv::Preemption::kRecompute}, {"swap", pkv::Preemption::kSwap}},
+             "what happens to a victim's KV cache");
+    p.integer("--swap-space", &s.swap_space_blocks, 0, kMaxBlocks, "host swap space in blocks, for --preemption swap");
+    p.choice("--kv-dtype", &s.kv_dtype, {{"f32", pkv::KVDtype::kF32}, {"f16", pkv::KVDtype::kF16}, {"int8", pkv::KVDtype::kInt8}},
+             "the KV cache's element type");
+    p.real("--kv-cache-mb", &s.kv_cache_mb, 0, 1 << 20, "size the pool from this many MiB instead of --num-blocks; 0 = off");
 }
 
-// Range checks the engine does not make itself (it checks the pool sizes).
+// Fails now, before a long run, when the chart cannot be written at `path`
+// (its folder is created if missing). A file problem: exit status 1.
+inline void check_writable(const std::string& path) {
+    const std::filesystem::path p(path);
+    std::error_code ec;
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    if (ec) throw std::runtime_error("cannot create the folder of " + path + ": " + ec.message());
+    std::ofstream f(path, std::ios::app);
+    if (!f) throw std::runtime_error("cannot write " + path + " (a folder that is a file, or no permission?)");
+}
+
+// Checks that involve several flags. The engine checks the pool itself.
 inline void check_workload(const Setup& s) {
-    if (s.requests < 1) cli::bad_usage("--requests must be >= 1");
-    if (s.prompt_len < 1) cli::bad_usage("--prompt-len must be >= 1");
-    if (s.max_tokens < 1) cli::bad_usage("--max-tokens must be >= 1");
-    if (s.num_blocks < 1) cli::bad_usage("--num-blocks must be >= 1");
-    if (s.block_size < 1) cli::bad_usage("--block-size must be >= 1");
-    if (s.max_num_batched_tokens < 1) cli::bad_usage("--max-num-batched-tokens must be >= 1");
-}
-
-// "1,2,4" -> {1, 2, 4}; every entry >= 1.
-inline std::vector<int> parse_int_list(const std::string& flag, const std::string& v) {
-    std::vector<int> out;
-    size_t start = 0;
-    while (start <= v.size()) {
-        const size_t comma = std::min(v.find(',', start), v.size());
-        const std::string item = v.substr(start, comma - start);
-        if (item.empty()) cli::bad_usage(flag + " expects a comma-separated list of integers, got '" + v + "'");
-        const long x = cli::parse_int(flag, item.c_str());
-        if (x < 1) cli::bad_usage(flag + " entries must be >= 1, got " + item);
-        out.push_back((int)x);
-        start = comma + 1;
-    }
-    return out;
+    if ((long long)s.requests * s.prompt_len > kMaxWorkloadTokens)
+        cli::bad_usage("--requests x --prompt-len = " + std::to_string((long long)s.requests * s.prompt_len) +
+                       " prompt tokens, more than the " + std::to_string(kMaxWorkloadTokens) + " this program builds in memory");
 }
 
 // The OpenMP threads the CPU forward pass uses (1 without OpenMP).
@@ -382,12 +402,10 @@ inline double load_average() {
 
 // A warning when other processes probably competed for the CPU during the
 // runs ("" when not), judged from the load average before and after them.
-// It matters more than it seems: the CPU forward runs one OpenMP thread per
-// core, and each parallel region waits for its slowest thread, so a single
-// other runnable process on a 2-core machine makes steps take whole scheduler
-// time slices. Measured here: at max_num_seqs 4, ITL p50 0.8 ms on an idle
-// machine, 8-12 ms with one busy loop running beside it, and 0.9 ms under
-// that same busy loop with OMP_NUM_THREADS=1. Step counts are unaffected.
+// It matters more than it seems: a busy machine slows every step unevenly
+// (the CPU forward's ThreadPolicy falls back to one thread when parallel
+// regions get slow, but only after measuring it), and wall-clock latencies
+// then describe the machine, not the engine. Step counts are unaffected.
 inline std::string busy_warning(double load_start, double load_end) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     // Our own threads add up to `cores` to the 1-minute average (and a study

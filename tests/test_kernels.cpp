@@ -65,7 +65,7 @@ using Dim3 = pkv::dim3;
 bool no_device() {
     std::string why;
     if (pkv::device_available(&why)) return false;
-    MESSAGE("skipped: no GPU: " << why);
+    skip(SkipKind::kGpu, "no GPU: " + why);
     return true;
 }
 
@@ -838,22 +838,16 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
 // Proves build/generate prints byte-identical greedy text with --device emulated (or, for a `make cuda` build, cuda) and --device cpu, on the built-in model and on stories260K when its files are present.
 TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
     if (no_device()) return;
-    const bool is_cuda = kernel_device() == pkv::Device::kCuda;
-    const std::string exe = is_cuda ? "./build/cuda/generate" : "./build/generate";
-    if (!file_exists(exe)) {
-        MESSAGE("skipped: " << exe << " not built (run from the repo root after `make" << (is_cuda ? " cuda" : "") << "`)");
-        return;
-    }
+    const std::string exe = need_program("generate");  // of this build: build/ or build/cuda/
+    if (exe.empty()) return;
     struct Run {
         std::string name, args;
     };
     std::vector<Run> runs = {{"built-in", "-t 0 -n 24 -i 'once upon a time'"}};
     const std::string dir = models_dir();
     const std::string ckpt = dir + "/stories260K.bin", tok = dir + "/tok512.bin";
-    if (file_exists(ckpt) && file_exists(tok))
+    if (need_model_files({"stories260K.bin", "tok512.bin"}))
         runs.push_back({"stories260K", shell_quote(ckpt) + " -z " + shell_quote(tok) + " -t 0 -n 24 -i 'Once upon a time'"});
-    else
-        MESSAGE("stories260K part skipped: stories260K.bin or tok512.bin not found in " << dir << " (set PAGEDKV_MODELS)");
     for (const Run& run : runs) {
         INFO(run.name);
         const auto [cpu_out, cpu_status] = run_command(shell_quote(exe) + " " + run.args + " --device cpu 2>/dev/null");

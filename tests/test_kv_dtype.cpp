@@ -281,7 +281,7 @@ TEST_CASE("preemption and swap reproduce an ample run with f16 and int8 caches")
 TEST_CASE("kernel path matches the CPU for each dtype") {
     std::string why;
     if (!device_available(&why)) {
-        MESSAGE("skipped: no GPU: " << why);
+        pkv_test::skip(pkv_test::SkipKind::kGpu, "no GPU: " + why);
         return;
     }
     const Device kernels = std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated;

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/test_util.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
@@ -36,12 +37,8 @@ using Ids = std::vector<int>;
 // so) when `name` is not in the models folder ($PAGEDKV_MODELS, else
 // ../shared/models from the repository root, where the tests run).
 bool skip_without_model_file(const std::string& name, std::string& path) {
-    const char* env = std::getenv("PAGEDKV_MODELS");
-    path = (env && *env ? std::string(env) : std::string("../shared/models")) + "/" + name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(path, ec)) return false;
-    MESSAGE("SKIPPED: " << path << " not found (set PAGEDKV_MODELS to the folder holding it)");
-    return true;
+    path = pkv_test::models_dir() + "/" + name;
+    return !pkv_test::need_model_files({name.c_str()});
 }
 
 Ids concat(Ids a, const Ids& b) {

@@ -178,7 +178,7 @@ inline int add_chunk(pkv::ForwardBatch& b, pkv::BlockPool& pool, Seq& s, int n, 
 // ---------------------------------------------------------------------------
 
 // Where stories260K.bin and tok512.bin are looked for: ../shared/models, or
-// $PAGEDKV_MODELS. Tests that need them skip with a MESSAGE when absent.
+// $PAGEDKV_MODELS. Tests that need them skip when absent (need_model_files).
 inline std::string models_dir() {
     const char* env = std::getenv("PAGEDKV_MODELS");
     return env && *env ? std::string(env) : std::string("../shared/models");
@@ -187,6 +187,59 @@ inline std::string models_dir() {
 inline bool file_exists(const std::string& p) {
     std::error_code ec;
     return std::filesystem::is_regular_file(p, ec);
+}
+
+// ---- skips that say so ---------------------------------------------------------
+//
+// A test that cannot run here (no model files, no GPU, a program not built)
+// calls skip(): a MESSAGE now, and a line in the summary tests/main.cpp
+// prints after doctest's own, so a skipped test never reads as a pass. Where
+// a skip would hide a real failure, an environment variable turns it into
+// one: PAGEDKV_REQUIRE_MODELS=1 (CI, which has ../shared/models) and
+// PAGEDKV_REQUIRE_GPU=1 (tests/gpu_check.sh on a GPU machine).
+enum class SkipKind { kModels, kGpu, kProgram };
+struct SkipRecord {
+    SkipKind kind;
+    std::string test, why;
+};
+inline std::vector<SkipRecord>& skips() {
+    static std::vector<SkipRecord> v;  // one list for every test file (an inline function's static)
+    return v;
+}
+// The running test case's name, kept by a doctest listener in tests/main.cpp.
+inline std::string& current_test() {
+    static std::string name;
+    return name;
+}
+inline void skip(SkipKind kind, const std::string& why) {
+    skips().push_back({kind, current_test(), why});
+    MESSAGE("SKIPPED: " << why);
+}
+
+// True when every one of `names` is in models_dir(); otherwise records a
+// skip naming what is missing and returns false.
+inline bool need_model_files(std::initializer_list<const char*> names) {
+    std::string missing;
+    for (const char* n : names)
+        if (!file_exists(models_dir() + "/" + n)) missing += (missing.empty() ? "" : ", ") + std::string(n);
+    if (missing.empty()) return true;
+    skip(SkipKind::kModels, missing + " not found in " + models_dir() + " (set PAGEDKV_MODELS to the folder holding them)");
+    return false;
+}
+
+// The folder of the running test binary (build/, build/asan/, build/cuda/):
+// the programs of the same build sit beside it.
+inline std::string program_dir() {
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    return ec ? std::string("build") : self.parent_path().string();
+}
+// A program of this build, or "" after recording a skip when it is not built.
+inline std::string need_program(const std::string& name) {
+    const std::string p = program_dir() + "/" + name;
+    if (file_exists(p)) return p;
+    skip(SkipKind::kProgram, p + " is not built (`make all`, `make sanitize` or `make cuda` builds it)");
+    return "";
 }
 
 inline std::string shell_quote(const std::string& s) {

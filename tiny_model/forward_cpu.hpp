@@ -24,10 +24,15 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "block_pool.hpp"
 #include "paged_kv.cuh"
@@ -125,20 +130,85 @@ inline float dot(const float* w, const float* x, int n) {
     return sum;
 }
 
+// Whether a matmul should use every core. Threads never change a bit of a
+// result (each output is one dot() by one thread), only how long it takes,
+// and the answer depends on the machine right now:
+//   - below ~256K multiply-adds a parallel region costs more than it saves;
+//   - on a machine busy with other work, a parallel region waits for its
+//     slowest thread, and a thread the OS has descheduled is very slow:
+//     measured on the project's 2-core machine with another process running,
+//     single-sequence decode with 2 threads was 2-4x *slower* than with 1.
+// So above the size threshold we measure instead of guessing: we keep the
+// time per multiply-add of recent serial and parallel calls (a moving
+// average), use whichever is faster, and now and then re-measure the other
+// one, so a machine that becomes busy (or idle again) is followed. A probe of
+// the losing mode costs time, so while probes keep confirming the choice we
+// probe less and less often (every 32, 64, ... up to 1024 large calls), and
+// start again at 32 when one changes it. One policy per process, because it
+// describes the machine, not one model.
+class ThreadPolicy {
+public:
+    static constexpr long kMinParallelMacs = 1L << 18;
+    static constexpr int kMinProbeInterval = 32, kMaxProbeInterval = 1024;
+
+    static ThreadPolicy& instance() {
+        static ThreadPolicy p;
+        return p;
+    }
+    bool use_parallel(long macs) {
+        if (macs < kMinParallelMacs || max_threads() < 2) return false;
+        const bool best = ns_per_mac_[1] < ns_per_mac_[0];
+        if (ns_per_mac_[0] < 0) return false;  // measure each mode once first
+        if (ns_per_mac_[1] < 0) return true;
+        if (++since_probe_ < interval_) return best;
+        since_probe_ = 0;
+        probing_ = true;
+        return !best;
+    }
+    void record(bool parallel, long macs, double seconds) {
+        if (macs < kMinParallelMacs || max_threads() < 2) return;
+        const bool best_before = ns_per_mac_[1] < ns_per_mac_[0];
+        double& avg = ns_per_mac_[parallel];
+        const double x = seconds * 1e9 / (double)macs;
+        avg = avg < 0 ? x : 0.75 * avg + 0.25 * x;
+        if (!probing_) return;
+        probing_ = false;
+        const bool best_after = ns_per_mac_[1] < ns_per_mac_[0];
+        interval_ = best_after == best_before ? std::min(2 * interval_, kMaxProbeInterval) : kMinProbeInterval;
+    }
+    // The last estimates, for bench_cpu and the tests: [serial, parallel]
+    // nanoseconds per multiply-add; negative = not measured yet.
+    double ns_per_mac(bool parallel) const { return ns_per_mac_[parallel]; }
+    static int max_threads() {
+#ifdef _OPENMP
+        return omp_get_max_threads();
+#else
+        return 1;
+#endif
+    }
+
+private:
+    double ns_per_mac_[2] = {-1.0, -1.0};  // [serial, parallel] moving averages
+    int interval_ = kMinProbeInterval, since_probe_ = 0;
+    bool probing_ = false;
+};
+
 // out[t][o] = W[o] . x[t] for every token t: W is [d][n], x is [T][n], out [T][d].
-// Output rows are split across OpenMP threads; each element is still one dot()
-// by one thread, so threading does not change a single bit of the result.
-// Below ~256K multiply-adds a parallel region costs more than it saves (and on
-// a busy machine far more: a thread that is not scheduled stalls the rest).
+// Output rows are split across OpenMP threads when ThreadPolicy says so.
 // Looping tokens inside the row keeps that row of W hot in L1 while every
 // token of the batch uses it -- the reason batching is cheaper per token
-// (TUTORIAL.md chapter 8: 1.50x the tokens per second at batch 4, two cores).
+// (the TUTORIAL's performance chapter measures it).
 inline void matmul(float* out, const float* x, const float* W, int T, int n, int d) {
-#pragma omp parallel for schedule(static) if ((long)T * n * d >= (1L << 18))
+    ThreadPolicy& policy = ThreadPolicy::instance();
+    const long macs = (long)T * n * d;
+    const bool parallel = policy.use_parallel(macs);
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static) if (parallel)
     for (int o = 0; o < d; ++o) {
         const float* row = W + (size_t)o * n;
         for (int t = 0; t < T; ++t) out[(size_t)t * d + o] = dot(row, x + (size_t)t * n, n);
     }
+    policy.record(parallel, macs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // RMSNorm with eps 1e-5: o = w * x / sqrt(mean(x^2) + eps).

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -34,13 +35,30 @@ struct FileError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// Opens `path` for binary reading and returns its size, or throws FileError
+// saying why not. A directory opens fine as an ifstream on Linux and then
+// reports a nonsense size, so we ask the file system what `path` is first.
+inline uint64_t open_regular_file(std::ifstream& f, const std::string& path, const char* what) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::exists(st)) throw FileError(path + ": no such " + what + " file");
+    if (std::filesystem::is_directory(st)) throw FileError(path + ": is a directory, not a " + what + " file");
+    if (!std::filesystem::is_regular_file(st)) throw FileError(path + ": not a regular file (a " + what + " must be one)");
+    f.open(path, std::ios::binary);
+    if (!f) throw FileError(path + ": cannot open " + what + " (permissions?)");
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    if (ec) throw FileError(path + ": cannot read the size of the " + what);
+    return size;
+}
+
 // ============================================================================
 // 1. Config: the seven numbers of a llama2.c header
 // ============================================================================
 
 // What the KV cache cares about is n_layers, n_kv_heads and head_dim: one
-// token slot holds K and V for every layer, n_layers * 2 * kv_dim floats. In
-// chapter 3's demo that is 1.25 MiB for 640 token slots, 2 KiB per token.
+// token slot holds K and V for every layer, n_layers * 2 * kv_dim floats. For
+// the built-in model in `make run`'s demo that is 2 KiB per token, 1.25 MiB
+// for its 640 token slots.
 // Grouped-query attention (n_kv_heads < n_heads) shrinks exactly this by
 // n_heads / n_kv_heads, which is why it matters so much to serving.
 struct Config {
@@ -61,7 +79,7 @@ struct Config {
     // "" when the shape is usable, else what is wrong with it.
     std::string problem() const {
         if (dim <= 0 || hidden_dim <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 || vocab_size <= 0 || seq_len <= 0)
-            return "header has a zero or negative size (dim " + std::to_string(dim) + ", hidden_dim " + std::to_string(hidden_dim) +
+            return "a zero or negative size (dim " + std::to_string(dim) + ", hidden_dim " + std::to_string(hidden_dim) +
                    ", n_layers " + std::to_string(n_layers) + ", n_heads " + std::to_string(n_heads) + ", n_kv_heads " +
                    std::to_string(n_kv_heads) + ", vocab_size " + std::to_string(vocab_size) + ", seq_len " + std::to_string(seq_len) + ")";
         if (dim % n_heads != 0) return "dim " + std::to_string(dim) + " is not divisible by n_heads " + std::to_string(n_heads);
@@ -71,7 +89,7 @@ struct Config {
         // The caps also keep every product in checkpoint_tensors() far below
         // 2^64, so the file-size check cannot be fooled by an overflow.
         if (dim > (1 << 16) || hidden_dim > (1 << 18) || n_layers > 4096 || vocab_size > (1 << 22) || seq_len > (1 << 22))
-            return "header sizes are implausibly large (corrupt file?)";
+            return "sizes that are implausibly large (corrupt file?)";
         return "";
     }
 };
@@ -142,7 +160,7 @@ inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
 //
 // A random transformer still computes a real, deterministic function of its
 // context: good enough to exercise every code path and to watch an engine
-// schedule it. Two choices make its greedy output read like varied words rather
+// schedule it. Three choices make its greedy output read like varied words rather
 // than one token repeated:
 //   - weights are N(0, gain / sqrt(fan_in)) with a gain a little above 1, so the
 //     residual stream and attention actually move with the context;
@@ -167,12 +185,12 @@ inline uint64_t splitmix64(uint64_t& state) {
 // coin_for in sampler.hpp turns its hash into a float the same way.
 inline float uniform01(uint64_t& state) { return (float)(splitmix64(state) >> 40) * (1.0f / 16777216.0f); }
 
-// The built-in shape: small (chapter 3's overload run, 350 steps, takes
-// 0.65 s on two CPU cores) and chosen to exercise the interesting paths:
+// The built-in shape: small enough that `make run` (350 engine steps) takes
+// about a second on a laptop, and chosen to exercise the interesting paths:
 //   - 8 query heads over 4 kv heads: GQA, query head h reads kv head h / 2;
 //   - head_dim 16 (128 / 8), even, as RoPE needs;
 //   - hidden_dim 384 = 3 x dim, close to Llama's 8/3 ratio;
-//   - seq_len 1024, longer than chapter 3's 640-slot pool, so max_model_len is
+//   - seq_len 1024, longer than `make run`'s 640-slot pool, so max_model_len is
 //     capped to the pool (the "max_model_len 640" in its startup line);
 //   - a separate classifier (see above).
 inline Config builtin_config(int vocab_size) {
@@ -250,10 +268,8 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
 // a header from another format is caught here, not as garbage logits later.
 
 inline Model load_checkpoint(const std::string& path) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    if (!f) throw FileError(path + ": cannot open checkpoint");
-    const uint64_t file_size = (uint64_t)f.tellg();
-    f.seekg(0);
+    std::ifstream f;
+    const uint64_t file_size = open_regular_file(f, path, "checkpoint");
     // The seven int32 of the header, in Config's field order.
     int32_t hdr[7];
     if (file_size < sizeof(hdr) || !f.read(reinterpret_cast<char*>(hdr), sizeof(hdr)))
@@ -266,7 +282,7 @@ inline Model load_checkpoint(const std::string& path) {
     // abs(INT32_MIN) does not fit in an int32; map it to 0 so problem()
     // rejects the header instead of the program computing with garbage.
     c.vocab_size = hdr[5] == INT32_MIN ? 0 : std::abs(hdr[5]);
-    if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": " + p);
+    if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": not a llama2.c checkpoint (bad header: " + p + ")");
     auto tensors = checkpoint_tensors(c, m.w);
     uint64_t expect = sizeof(hdr);
     for (const auto& t : tensors) expect += t.count * sizeof(float);

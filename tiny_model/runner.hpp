@@ -87,7 +87,9 @@ inline std::string format_bytes(uint64_t b) {
     if (b < 1024) std::snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)b);
     else if (b < (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024.0);
     else if (b < (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", b / 1048576.0);
-    else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    else if (b < (1ull << 40)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+    else if (b == UINT64_MAX) std::snprintf(buf, sizeof buf, "more than 16 EiB");
+    else std::snprintf(buf, sizeof buf, "%.2f TiB", b / 1099511627776.0);
     return buf;
 }
 

@@ -92,10 +92,8 @@ struct Tokenizer {
     // file here, where the message can name it.
     // Every failure names the file (and the token, where one is at fault).
     static Tokenizer load(const std::string& path, int vocab_size) {
-        std::ifstream f(path, std::ios::binary | std::ios::ate);
-        if (!f) throw FileError(path + ": cannot open tokenizer");
-        const int64_t file_size = (int64_t)f.tellg();
-        f.seekg(0);
+        std::ifstream f;
+        const int64_t file_size = (int64_t)open_regular_file(f, path, "tokenizer");
         Tokenizer t;
         uint32_t max_len = 0;
         if (!f.read(reinterpret_cast<char*>(&max_len), 4)) throw FileError(path + ": truncated tokenizer (no header)");

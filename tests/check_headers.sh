@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Each header is a chapter that must stand on its own:
+#   1. every header compiles alone (it includes what it uses);
+#   2. block_pool.hpp and scheduler.hpp pull in nothing of the CUDA shim
+#      (no cuda_shim.hpp, no <thread>, no <barrier>): the engine's bookkeeping
+#      is plain C++;
+#   3. no header defines a reserved name (a macro starting with "__" or with
+#      "_" and a capital letter): those belong to the compiler.
+# Usage: tests/check_headers.sh CXX [flags...]   (run from the repository root)
+set -u
+cxx=${1:-g++}; shift || true
+flags=("$@")
+fail=0
+headers=$(ls *.hpp *.cuh tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp 2>/dev/null)
+tmp=$(mktemp -d)
+jobs=$(nproc 2>/dev/null || echo 2)
+i=0
+for h in $headers; do
+    ( printf '#include "%s"\n' "$h" | "$cxx" -std=c++20 -Wall -Wextra -Werror -I. "${flags[@]}" -x c++ -fsyntax-only - \
+        > "$tmp/$i.log" 2>&1 || echo "$h" > "$tmp/$i.fail" ) &
+    i=$((i + 1))
+    [ $((i % jobs)) -eq 0 ] && wait
+done
+wait
+for f in "$tmp"/*.fail; do
+    [ -e "$f" ] || continue
+    echo "check_headers: $(cat "$f") does not compile on its own:"; head -5 "${f%.fail}.log"; fail=1
+done
+rm -rf "$tmp"
+for h in block_pool.hpp scheduler.hpp; do
+    inc=$(printf '#include "%s"\n' "$h" | "$cxx" -std=c++20 -I. -x c++ -E -H - 2>&1 >/dev/null | grep -E 'cuda_shim\.hpp|/thread$|/barrier$|paged_kv\.cuh' || true)
+    if [ -n "$inc" ]; then echo "check_headers: $h pulls in the CUDA shim or its threads:"; echo "$inc"; fail=1; fi
+done
+bad=$(grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+(__|_[A-Z])' $headers || true)
+if [ -n "$bad" ]; then echo "check_headers: reserved names defined:"; echo "$bad"; fail=1; fi
+n=$(echo $headers | wc -w)
+[ $fail -eq 0 ] && echo "check_headers: $n headers compile alone; block_pool.hpp and scheduler.hpp are plain C++; no reserved names defined"
+exit $fail

@@ -332,4 +332,46 @@ TEST_CASE("a failing forward pass fails its own request, not the batch") {
     CHECK(eng.pool().num_free_blocks() == eng.pool().num_blocks());
 }
 
+// Proves ThreadPolicy measures both modes first, then keeps the faster one, probes the other at growing intervals (32, 64, ...) while probes confirm the choice, and switches within one probe when the machine changes; size classes are independent.
+TEST_CASE("ThreadPolicy follows whichever mode is faster") {
+    if (ThreadPolicy::max_threads() < 2) {
+        MESSAGE("one OpenMP thread: the policy never goes parallel");
+        CHECK_FALSE(ThreadPolicy().use_parallel(1L << 30));
+        return;
+    }
+    ThreadPolicy p;
+    const long big = 1L << 24, small = ThreadPolicy::kMinParallelMacs - 1;
+    CHECK_FALSE(p.use_parallel(small));  // too small to be worth a parallel region
+    // Warm-up: two serial, then two parallel measurements.
+    std::vector<bool> first;
+    for (int i = 0; i < 4; ++i) {
+        const bool par = p.use_parallel(big);
+        first.push_back(par);
+        p.record(par, big, par ? 3e-3 : 1e-3);  // parallel is 3x slower: a busy machine
+    }
+    CHECK(first == std::vector<bool>{false, false, true, true});
+    CHECK(p.ns_per_mac(big, false) < p.ns_per_mac(big, true));
+    // Serial wins; the parallel probes come after 32, then 64 more calls.
+    std::vector<int> probes;
+    for (int call = 0; call < 200; ++call) {
+        const bool par = p.use_parallel(big);
+        if (par) probes.push_back(call);
+        p.record(par, big, par ? 3e-3 : 1e-3);
+    }
+    CHECK(probes == std::vector<int>{31, 95});
+    // The machine becomes idle: parallel is now 2x faster. The next probe
+    // sees it and the policy switches at once.
+    int switched_at = -1;
+    for (int call = 0; call < 200 && switched_at < 0; ++call) {
+        const bool par = p.use_parallel(big);
+        p.record(par, big, par ? 0.5e-3 : 1e-3);
+        if (par && p.use_parallel(big)) switched_at = call;
+    }
+    CHECK(switched_at >= 0);
+    CHECK(switched_at <= 128);
+    // Another size class has measured nothing yet.
+    CHECK(p.ns_per_mac(1L << 20, false) < 0);
+    CHECK_FALSE(p.use_parallel(1L << 20));  // starts by measuring serial
+}
+
 }  // TEST_SUITE

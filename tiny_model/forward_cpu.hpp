@@ -138,13 +138,18 @@ inline float dot(const float* w, const float* x, int n) {
 //     slowest thread, and a thread the OS has descheduled is very slow:
 //     measured on the project's 2-core machine with another process running,
 //     single-sequence decode with 2 threads was 2-4x *slower* than with 1.
-// So above the size threshold we measure instead of guessing: we keep the
-// time per multiply-add of recent serial and parallel calls (a moving
-// average), use whichever is faster, and now and then re-measure the other
-// one, so a machine that becomes busy (or idle again) is followed. A probe of
-// the losing mode costs time, so while probes keep confirming the choice we
-// probe less and less often (every 32, 64, ... up to 1024 large calls), and
-// start again at 32 when one changes it. One policy per process, because it
+// So above the size threshold we measure instead of guessing. Matmuls of
+// different sizes behave differently (a small one is all overhead, a large
+// one all bandwidth), so we keep separate figures per size class (a power of
+// two of multiply-adds): the time per multiply-add of serial and of parallel
+// calls. Each mode is measured twice first (the very first parallel region
+// also pays for creating OpenMP's threads), then we use the faster one,
+// keeping its figure as a moving average, and now and then measure the other
+// mode again, taking that fresh figure as it is. A probe of the losing mode
+// costs time, so while probes keep confirming the choice we probe less and
+// less often (every 32, 64, ... up to 1024 calls of that size class), and
+// start again at 32 when one changes it. A machine that becomes busy (or idle
+// again) is followed within a few steps. One policy per process, because it
 // describes the machine, not one model.
 class ThreadPolicy {
 public:
@@ -157,28 +162,40 @@ public:
     }
     bool use_parallel(long macs) {
         if (macs < kMinParallelMacs || max_threads() < 2) return false;
-        const bool best = ns_per_mac_[1] < ns_per_mac_[0];
-        if (ns_per_mac_[0] < 0) return false;  // measure each mode once first
-        if (ns_per_mac_[1] < 0) return true;
-        if (++since_probe_ < interval_) return best;
-        since_probe_ = 0;
-        probing_ = true;
+        Class& c = cls(macs);
+        if (c.samples[0] < 2) return false;  // measure each mode twice first
+        if (c.samples[1] < 2) return true;
+        const bool best = c.ns_per_mac[1] < c.ns_per_mac[0];
+        if (++c.since_probe < c.interval) return best;
+        c.since_probe = 0;
+        c.probing = true;
         return !best;
     }
     void record(bool parallel, long macs, double seconds) {
         if (macs < kMinParallelMacs || max_threads() < 2) return;
-        const bool best_before = ns_per_mac_[1] < ns_per_mac_[0];
-        double& avg = ns_per_mac_[parallel];
+        Class& c = cls(macs);
         const double x = seconds * 1e9 / (double)macs;
-        avg = avg < 0 ? x : 0.75 * avg + 0.25 * x;
-        if (!probing_) return;
-        probing_ = false;
-        const bool best_after = ns_per_mac_[1] < ns_per_mac_[0];
-        interval_ = best_after == best_before ? std::min(2 * interval_, kMaxProbeInterval) : kMinProbeInterval;
+        double& fig = c.ns_per_mac[parallel];
+        if (c.samples[parallel]++ < 2) {  // the first two: keep the better
+            fig = c.samples[parallel] == 1 ? x : std::min(fig, x);
+            return;
+        }
+        const bool best_before = c.ns_per_mac[1] < c.ns_per_mac[0];
+        if (!c.probing) {
+            fig = 0.75 * fig + 0.25 * x;
+            return;
+        }
+        fig = x;
+        c.probing = false;
+        const bool best_after = c.ns_per_mac[1] < c.ns_per_mac[0];
+        c.interval = best_after == best_before ? std::min(2 * c.interval, kMaxProbeInterval) : kMinProbeInterval;
     }
-    // The last estimates, for bench_cpu and the tests: [serial, parallel]
-    // nanoseconds per multiply-add; negative = not measured yet.
-    double ns_per_mac(bool parallel) const { return ns_per_mac_[parallel]; }
+    // The current figures of the size class of `macs`, for bench_cpu and the
+    // tests: nanoseconds per multiply-add, serial or parallel; < 0 = not yet.
+    double ns_per_mac(long macs, bool parallel) const {
+        const Class& c = classes_[class_of(macs)];
+        return c.samples[parallel] ? c.ns_per_mac[parallel] : -1.0;
+    }
     static int max_threads() {
 #ifdef _OPENMP
         return omp_get_max_threads();
@@ -188,9 +205,19 @@ public:
     }
 
 private:
-    double ns_per_mac_[2] = {-1.0, -1.0};  // [serial, parallel] moving averages
-    int interval_ = kMinProbeInterval, since_probe_ = 0;
-    bool probing_ = false;
+    struct Class {
+        double ns_per_mac[2] = {0.0, 0.0};  // [serial, parallel]
+        int samples[2] = {0, 0};
+        int interval = kMinProbeInterval, since_probe = 0;
+        bool probing = false;
+    };
+    static int class_of(long macs) {
+        int k = 0;
+        while (k < 63 && (macs >> (k + 1)) > 0) ++k;
+        return k;
+    }
+    Class& cls(long macs) { return classes_[class_of(macs)]; }
+    Class classes_[64];  // [floor(log2(macs))]
 };
 
 // out[t][o] = W[o] . x[t] for every token t: W is [d][n], x is [T][n], out [T][d].

@@ -61,8 +61,11 @@ namespace pkv {
 
 struct Clock {
     virtual ~Clock() = default;
-    virtual double now() = 0;           // seconds
-    virtual void on_step_end() {}       // a step has finished
+    virtual double now() = 0;             // seconds
+    virtual void on_step_end() {}         // a step has finished
+    // A modelled runner (the simulated GPU) reports how long its work would
+    // have taken; a clock of simulated time moves forward by it.
+    virtual void advance(double /*seconds*/) {}
 };
 // steady_clock, not system_clock: every metric is a difference of two
 // timestamps, and steady_clock never jumps when the system time is adjusted.
@@ -78,6 +81,14 @@ struct StepClock : Clock {
     double t = 0.0, seconds_per_step = 1.0;
     double now() override { return t; }
     void on_step_end() override { t += seconds_per_step; }
+};
+// Simulated time: it moves only when a modelled runner says its work took
+// time, so inside a step everything before the forward pass happens at the
+// step's start and every token at its end.
+struct VirtualClock : Clock {
+    double t = 0.0;
+    double now() override { return t; }
+    void advance(double seconds) override { t += seconds; }
 };
 
 // ============================================================================
@@ -260,6 +271,9 @@ public:
             throw std::logic_error("engine made no progress with requests pending");
         StepBatch sb = build_batch(so);
         run_forward(sb);
+        // A modelled runner's step took simulated time: the tokens are
+        // sampled (and timestamped) at its end.
+        if (const double d = runner_->take_modelled_seconds(); d >= 0) clock_->advance(d);
         account_and_commit(sb);
         sample_and_stream(sb);
         apply_pending_aborts();
@@ -331,9 +345,8 @@ private:
         // The memory this will take, before it is taken.
         const uint64_t kv = mul_sat((uint64_t)c.num_blocks, block_bytes);
         const uint64_t swap = mul_sat((uint64_t)swap_blocks(c), block_bytes);
-        const uint64_t have_kv = runner.memory_for_kv_cache(), have_host = host_memory_bytes();
-        const bool kv_on_host = runner.device() != Device::kCuda;
-        const uint64_t need_host = add_sat(swap, kv_on_host ? kv : 0);
+        const uint64_t have_kv = runner.memory_for_kv_cache(), have_host = runner.memory_for_swap();
+        const uint64_t need_host = add_sat(swap, runner.kv_in_host_memory() ? kv : 0);
         if (kv > have_kv || need_host > have_host) {
             throw std::invalid_argument(
                 "this configuration needs " + format_bytes(kv) + " of KV cache (" + std::to_string(c.num_blocks) + " blocks of " +
@@ -421,12 +434,18 @@ private:
             // an earlier prefill chunk only fills the cache (chunked prefill).
             const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
             sb.batch.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
-            if (reaches_end) sb.sampled.push_back(&r);
+            if (!reaches_end) continue;
+            sb.sampled.push_back(&r);
+            sb.batch.logits_seed.push_back(r.params.seed);
+            sb.batch.logits_output_index.push_back(r.num_output_tokens());
         }
         // When every request sampled this step is greedy, only the argmax of
         // each row is needed: the runner computes it where the logits are (on
-        // a GPU that saves copying a vocab-sized row per request back).
+        // a GPU that saves copying a vocab-sized row per request back). A
+        // runner that produces tokens itself is asked the same way, and its
+        // answers are the tokens.
         for (const Request* r : sb.sampled) sb.all_greedy = sb.all_greedy && r->params.temperature == 0.0f;
+        sb.all_greedy = sb.all_greedy || runner_->produces_tokens();
         return sb;
     }
 
@@ -462,6 +481,10 @@ private:
             const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
             ForwardBatch alone;
             alone.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
+            if (reaches_end) {
+                alone.logits_seed.push_back(r.params.seed);
+                alone.logits_output_index.push_back(r.num_output_tokens());
+            }
             try {
                 forward(alone, sb.all_greedy, one_logits, one_argmax);
                 if (reaches_end && sb.all_greedy) greedy_[row] = one_argmax[0];

@@ -101,7 +101,9 @@ study::Setup at_length(const study::Setup& base, int len) {
     study::Setup s = base;
     s.max_tokens = len;
     const double fit = (double)base.num_blocks / blocks_per_request(base);
-    s.num_blocks = std::max(1, (int)std::lround(fit * blocks_per_request(s)));
+    // In double, then clamped: the engine's own check says what a too-large
+    // pool would need, rather than an int wrapping around to a small one.
+    s.num_blocks = (int)std::clamp(std::round(fit * blocks_per_request(s)), 1.0, (double)INT32_MAX);
     return s;
 }
 
@@ -109,9 +111,10 @@ study::Setup at_length(const study::Setup& base, int len) {
 // Small: a fraction of the KV cache, so a victim that has grown large finds
 // too few free slots and falls back to recompute.
 int swap_blocks(const study::Setup& s, SwapSpace k, int small_pct) {
-    if (k == SwapSpace::kAmple) return s.requests * blocks_per_request(s);
-    if (k == SwapSpace::kSmall) return std::max(1, s.num_blocks * small_pct / 100);
-    return 0;
+    int64_t n = 0;  // 64 bits: requests x blocks may pass 2^31
+    if (k == SwapSpace::kAmple) n = (int64_t)s.requests * blocks_per_request(s);
+    if (k == SwapSpace::kSmall) n = std::max<int64_t>(1, (int64_t)s.num_blocks * small_pct / 100);
+    return (int)std::min<int64_t>(n, INT32_MAX);
 }
 
 study::Setup with_mode(study::Setup s, const Mode& m, int small_pct) {

@@ -57,6 +57,10 @@ struct ForwardBatch {
     std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], rows padded with -1
     int max_blocks_per_seq = 0;
     std::vector<int32_t> logits_indices;  // [num_logits] tokens whose logits are wanted
+    // For a runner that produces tokens itself (ModelRunner::produces_tokens,
+    // the simulated GPU): each logits row's request seed and output index.
+    std::vector<uint64_t> logits_seed;         // [num_logits]
+    std::vector<int32_t> logits_output_index;  // [num_logits]
 
     int num_tokens() const { return (int)token_ids.size(); }
     int num_seqs() const { return max_blocks_per_seq ? (int)block_tables.size() / max_blocks_per_seq : 0; }

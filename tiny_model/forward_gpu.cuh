@@ -257,6 +257,7 @@ public:
     }
     const Config& model_config() const override { return model_.cfg; }
     Device device() const override { return std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated; }
+    bool kv_in_host_memory() const override { return std::string(kDeviceKind) != "cuda"; }
     uint64_t memory_for_kv_cache() const override {
         const uint64_t free_bytes = device_memory_free();  // 0 when emulated: device memory is host memory
         return free_bytes ? free_bytes : host_memory_bytes();

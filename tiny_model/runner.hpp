@@ -13,7 +13,9 @@
 // Runners, and where each lives:
 //   CpuRunner  this file: the CPU forward pass (forward_cpu.hpp), host memory;
 //   GpuRunner  tiny_model/forward_gpu.cuh: the CUDA kernels, on a GPU in a
-//              `make cuda` build and emulated on the CPU otherwise.
+//              `make cuda` build and emulated on the CPU otherwise;
+//   SimRunner  sim_runner.hpp: no weights, no logits; a GPU's step time from
+//              a cost model (cost_model.hpp), and tokens from a hash.
 // tiny_model/devices.hpp turns a --device name into one of them.
 //
 // A runner's life has vLLM's three steps: build it with the model's weights;
@@ -49,17 +51,22 @@ namespace pkv {
 // Where a model runs. One enum for all runners, so examples and the engine
 // parse a single --device option; which of them a binary can run depends on
 // how it was compiled (see devices.hpp).
-enum class Device { kCpu, kEmulated, kCuda };
+enum class Device { kCpu, kEmulated, kCuda, kSim };
 
 inline const char* to_string(Device d) {
-    return d == Device::kCpu ? "cpu" : d == Device::kEmulated ? "emulated" : "cuda";
+    switch (d) {
+        case Device::kCpu: return "cpu";
+        case Device::kEmulated: return "emulated";
+        case Device::kCuda: return "cuda";
+        case Device::kSim: return "sim";
+    }
+    return "?";
 }
-// "cpu" | "emulated" | "cuda" -> Device; anything else is an invalid_argument.
+// "cpu" | "emulated" | "cuda" | "sim" -> Device; anything else is an invalid_argument.
 inline Device parse_device(const std::string& s) {
-    if (s == "cpu") return Device::kCpu;
-    if (s == "emulated") return Device::kEmulated;
-    if (s == "cuda") return Device::kCuda;
-    throw std::invalid_argument("--device expects cpu, emulated or cuda, got '" + s + "'");
+    for (Device d : {Device::kCpu, Device::kEmulated, Device::kCuda, Device::kSim})
+        if (s == to_string(d)) return d;
+    throw std::invalid_argument("--device expects cpu, emulated, cuda or sim, got '" + s + "'");
 }
 
 // The host memory this process may use, in bytes: the machine's physical
@@ -117,9 +124,22 @@ struct ModelRunner {
     virtual const Config& model_config() const = 0;
     virtual Device device() const = 0;
     // Bytes this runner could give the KV cache (host memory for the CPU,
-    // free device memory for a GPU). The engine checks its configuration
-    // against it before calling init_kv_cache.
+    // free device memory for a GPU), and the host swap space. The engine
+    // checks its configuration against them before calling init_kv_cache.
     virtual uint64_t memory_for_kv_cache() const { return host_memory_bytes(); }
+    virtual uint64_t memory_for_swap() const { return host_memory_bytes(); }
+    // True when the KV cache lives in host memory, next to the swap space
+    // (the CPU, emulated kernels): then both count against one budget.
+    virtual bool kv_in_host_memory() const { return true; }
+    // True for a runner that returns tokens, not logits (the simulated GPU):
+    // the engine then always calls forward_argmax and takes its answers as
+    // the sampled tokens. It fills ForwardBatch::logits_seed and
+    // logits_output_index for such a runner.
+    virtual bool produces_tokens() const { return false; }
+    // The modelled duration, in seconds, of everything since the last call
+    // (swaps and forward passes), for a runner whose time is modelled; < 0
+    // for a real one. The engine advances its clock by it (Clock::advance).
+    virtual double take_modelled_seconds() { return -1.0; }
     // Allocate the KV cache for `geo` and a host swap space of `swap_blocks`
     // blocks (0 = none). Called once, before the first forward.
     virtual void init_kv_cache(const KVGeometry& geo, int swap_blocks) = 0;

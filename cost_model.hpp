@@ -1,0 +1,327 @@
+// cost_model.hpp -- chapter 5: what one engine step costs on a GPU we do not
+// have.
+//
+// The earlier chapters run a real model: a tiny one, on a CPU. That proves the
+// *mechanisms* (who is preempted, what is recomputed, what a client sees), but
+// not the *economics* the tutorial teaches, because a 2-core CPU is not a GPU
+// server: batching is not free there, prefill is not compute-efficient, and
+// there is no PCIe link for swap to cross. Serving teams answer "what would
+// this do on an H200 with Llama-3-8B?" the way this chapter does: keep the
+// real scheduler, block pool and metrics, and replace only the forward pass
+// (and the copies) by a *modelled* duration, charged to a virtual clock.
+// sim_runner.hpp is that replacement; this header is the model.
+//
+// The model is a roofline. A step's work splits into two phases that run one
+// after the other on the GPU:
+//   linear layers  every weight is read from HBM once per step, whatever the
+//                  batch (that is why batching is nearly free while decode is
+//                  memory-bound); 2 FLOPs per parameter per token;
+//   attention      every request reads its whole context's K/V (all layers)
+//                  once per step; 4 FLOPs per (query token, context position,
+//                  head, head dimension) for QK^T and PV.
+// Each phase takes max(bytes / bandwidth, FLOPs / peak), each scaled by an
+// efficiency we state; a fixed overhead per step (scheduling, input
+// preparation, kernel launches) comes on top. Swap copies cross PCIe.
+//
+// What a roofline leaves out, and so where it is wrong: kernel launch gaps and
+// tails, caches (a small model's weights may live in L2), the non-GEMM
+// kernels (norms, RoPE, sampling), attention kernels that re-read K/V for
+// long prefills, and contention between copies and compute. The fidelity
+// program (examples/sim_fidelity.cpp) measures how far off the model is where
+// we can measure: on this CPU, against the real engine.
+//
+// Sections: 1. presets (GPUs, PCIe links, models), each number with its
+// source  2. sizes derived from a model  3. the KV pool a GPU holds, vLLM's way
+// 4. the cost of one step  5. a worked example: one Llama-3-8B decode step
+// on an H200, by hand.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tiny_model/model.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. Presets
+// ============================================================================
+
+// A GPU, by the numbers its datasheet gives. FLOPs are dense BF16/FP16 tensor
+// core throughput: datasheets often print the "with sparsity" figure, twice
+// the dense one, which a transformer's dense GEMMs never see.
+struct GpuSpec {
+    std::string name;
+    double memory_bytes;     // HBM (or GDDR) capacity
+    double memory_bw;        // bytes/s, peak
+    double peak_flops;       // FLOP/s, dense BF16 tensor cores
+    std::string pcie;        // the host link it ships with (a PcieSpec name)
+    std::string source;
+};
+
+inline const std::vector<GpuSpec>& gpu_presets() {
+    static const std::vector<GpuSpec> v = {
+        // NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: 141 GB HBM3e,
+        // 4.8 TB/s, BF16 1,979 TFLOPS "with sparsity", so 989 dense; PCIe Gen5.
+        {"h200", 141e9, 4.8e12, 989e12, "gen5", "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16"},
+        // NVIDIA H100 Tensor Core GPU datasheet, SXM: 80 GB HBM3, 3.35 TB/s,
+        // BF16 1,979 TFLOPS with sparsity (989 dense); PCIe Gen5.
+        {"h100", 80e9, 3.35e12, 989e12, "gen5", "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16"},
+        // NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM: 2,039 GB/s HBM2e,
+        // BF16 312 TFLOPS dense (624 with sparsity); PCIe Gen4.
+        {"a100-80g", 80e9, 2.039e12, 312e12, "gen4", "NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s HBM2e, 312 TFLOPS dense BF16"},
+        // NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with
+        // sparsity (121 dense); PCIe Gen4 x16.
+        {"l4", 24e9, 300e9, 121e12, "gen4", "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS dense BF16"},
+    };
+    return v;
+}
+
+// A host link: the one-direction rate a pinned-memory cudaMemcpyAsync
+// reaches, not the raw signalling rate. PCIe Gen4 x16 signals 16 GT/s on 16
+// lanes with 128b/130b encoding, 31.5 GB/s each way; copies of large pinned
+// buffers reach about 25 GB/s (CUDA's bandwidthTest sample on Gen4 hosts).
+// Gen5 doubles the signalling rate (63 GB/s raw); we take 50 GB/s achieved,
+// the same 80% ratio.
+struct PcieSpec {
+    std::string name;
+    double bw;  // bytes/s, one direction
+    std::string source;
+};
+inline const std::vector<PcieSpec>& pcie_presets() {
+    static const std::vector<PcieSpec> v = {
+        {"gen4", 25e9, "PCIe 4.0 x16: 31.5 GB/s raw per direction; ~25 GB/s for pinned copies"},
+        {"gen5", 50e9, "PCIe 5.0 x16: 63 GB/s raw per direction; ~50 GB/s for pinned copies (assumed 80%, as Gen4)"},
+    };
+    return v;
+}
+
+// A model: its shape (a Config, as our own checkpoints have) and the bytes of
+// one weight and of one KV element as it is served.
+struct ModelSpec {
+    std::string name;
+    Config shape;
+    int weight_bytes;  // per parameter: 2 for BF16, 4 for our f32 checkpoints
+    int kv_bytes;      // per K or V element
+    std::string source;
+};
+
+inline Config shape_of(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq_len, bool shared) {
+    Config c;
+    c.dim = dim; c.hidden_dim = hidden; c.n_layers = layers; c.n_heads = heads; c.n_kv_heads = kv_heads;
+    c.vocab_size = vocab; c.seq_len = seq_len; c.shared_classifier = shared;
+    return c;
+}
+
+inline const std::vector<ModelSpec>& model_presets() {
+    static const std::vector<ModelSpec> v = {
+        // meta-llama/Meta-Llama-3-8B config.json: hidden 4096, intermediate
+        // 14336, 32 layers, 32 attention heads, 8 key/value heads (GQA),
+        // vocab 128256, max_position_embeddings 8192, untied embeddings; BF16.
+        {"llama-3-8b", shape_of(4096, 14336, 32, 32, 8, 128256, 8192, false), 2, 2,
+         "meta-llama/Meta-Llama-3-8B config.json (GQA 32q/8kv, 8.03B parameters), BF16"},
+        // meta-llama/Llama-2-7b-hf config.json: hidden 4096, intermediate
+        // 11008, 32 layers, 32 heads and 32 key/value heads (multi-head
+        // attention: 4x Llama-3-8B's KV bytes per token), vocab 32000, 4096
+        // positions, untied; BF16.
+        {"llama-2-7b", shape_of(4096, 11008, 32, 32, 32, 32000, 4096, false), 2, 2,
+         "meta-llama/Llama-2-7b-hf config.json (MHA 32q/32kv, 6.74B parameters), BF16"},
+        // llama2.c's stories15M.bin header: dim 288, hidden 768, 6 layers, 6
+        // heads, 6 kv heads, vocab 32000, seq_len 256, shared classifier; f32.
+        {"stories15M", shape_of(288, 768, 6, 6, 6, 32000, 256, true), 4, 4, "llama2.c stories15M.bin header, f32 as llama2.c serves it"},
+        // tiny_model/model.hpp builtin_config with the built-in vocabulary.
+        {"builtin", shape_of(128, 384, 4, 8, 4, 994, 1024, false), 4, 4, "tiny_model/model.hpp builtin_config (994-token vocabulary), f32"},
+    };
+    return v;
+}
+
+template <class T>
+const T& find_preset(const std::vector<T>& presets, const std::string& name, const char* what) {
+    std::string names;
+    for (const T& p : presets) {
+        if (p.name == name) return p;
+        names += (names.empty() ? "" : ", ") + p.name;
+    }
+    throw std::invalid_argument(std::string("unknown ") + what + " '" + name + "' (known: " + names + ")");
+}
+
+// ============================================================================
+// 2. Sizes that follow from a model's shape
+// ============================================================================
+
+// Parameters of the linear layers of all transformer layers: per layer q
+// [n_heads*hd, dim], k and v [kv_heads*hd, dim], o [dim, n_heads*hd] and the
+// three SwiGLU matrices [hidden, dim] (norm gains are a rounding error).
+inline double layer_params(const Config& c) {
+    const double d = c.dim, hd = c.head_dim(), q = c.n_heads * hd, kv = c.n_kv_heads * hd;
+    return (double)c.n_layers * (d * q + 2.0 * d * kv + q * d + 3.0 * d * c.hidden_dim);
+}
+// The classifier's parameters (vocab x dim), read once per step whenever a
+// step produces logits.
+inline double classifier_params(const Config& c) { return (double)c.vocab_size * c.dim; }
+// Every parameter, embedding included (one table when the classifier shares it).
+inline double total_params(const Config& c) {
+    return layer_params(c) + classifier_params(c) * (c.shared_classifier ? 1.0 : 2.0) + (2.0 * c.n_layers + 1.0) * c.dim;
+}
+// Bytes of K and V for one token, all layers.
+inline double kv_bytes_per_token(const ModelSpec& m) {
+    return 2.0 * m.shape.n_layers * m.shape.n_kv_heads * m.shape.head_dim() * m.kv_bytes;
+}
+
+// ============================================================================
+// 3. The KV pool a GPU holds (vLLM's rule)
+// ============================================================================
+//
+// vLLM sizes its KV cache once, at startup: it profiles one forward pass of
+// the largest batch allowed, and gives the KV cache whatever is left of
+// gpu_memory_utilization x total memory after the weights and that pass's
+// peak activations:
+//   kv_bytes = utilization x capacity - weights - activation reserve
+//   num_blocks = kv_bytes / (block_size x KV bytes per token)
+// We do not profile; the activation reserve is an estimate: a fixed 1 GiB
+// (CUDA context, library workspaces) plus one chunk's hidden states
+// (max_num_batched_tokens x (4 x dim + 2 x hidden) BF16 values) plus the
+// logits of one row per running request (max_num_seqs x vocab floats).
+struct KVPoolSize {
+    double weight_bytes, reserve_bytes, kv_budget_bytes, block_bytes;
+    int64_t num_blocks;
+};
+inline KVPoolSize kv_pool_size(const ModelSpec& m, double memory_bytes, double utilization, int block_size,
+                               int max_num_batched_tokens, int max_num_seqs) {
+    KVPoolSize k;
+    k.weight_bytes = total_params(m.shape) * m.weight_bytes;
+    k.reserve_bytes = 1073741824.0 + (double)max_num_batched_tokens * (4.0 * m.shape.dim + 2.0 * m.shape.hidden_dim) * 2.0 +
+                      (double)max_num_seqs * m.shape.vocab_size * 4.0;
+    k.kv_budget_bytes = utilization * memory_bytes - k.weight_bytes - k.reserve_bytes;
+    k.block_bytes = kv_bytes_per_token(m) * block_size;
+    k.num_blocks = k.kv_budget_bytes > 0 ? (int64_t)(k.kv_budget_bytes / k.block_bytes) : 0;
+    return k;
+}
+
+// ============================================================================
+// 4. The cost of one step
+// ============================================================================
+
+// How well kernels use the hardware. Assumptions, not measurements: tuned
+// GEMM and attention kernels reach most of HBM bandwidth on large reads; a
+// decode step rarely reaches the tensor cores' peak. The overhead is what a
+// step costs beyond its kernels (scheduling, preparing inputs, launching,
+// sampling): vLLM V1 was rebuilt largely to cut it, and replays a decode
+// step as a CUDA graph; one millisecond is our round assumption for it.
+struct CostParams {
+    double bw_efficiency = 0.8;      // fraction of peak memory bandwidth reached
+    double flops_efficiency = 0.6;   // fraction of peak tensor FLOP/s reached by the GEMMs
+    double attn_flops_efficiency = 0.4;  // ... and by attention (softmax, masking, smaller tiles)
+    double step_overhead_s = 1e-3;   // fixed cost of a step
+    double per_token_s = 0;          // per batch token, beyond the roofline (norms, RoPE; the CPU preset measures it)
+    // vLLM V0 waited for swap copies before the step's kernels ran (they were
+    // issued on the same stream); true models that. False lets them overlap
+    // with compute, so only what exceeds the step's compute time is paid.
+    bool swap_stalls = true;
+};
+
+// One request's share of a step: `new_tokens` computed at positions
+// [context_end - new_tokens, context_end).
+struct StepItem {
+    int new_tokens;
+    int context_end;
+};
+
+// The modelled time of one step, and its parts (seconds), so that a study or
+// a test can say which phase dominates.
+struct StepCost {
+    double linear_s = 0, attention_s = 0, swap_s = 0, overhead_s = 0, total_s = 0;
+    double linear_bytes = 0, linear_flops = 0, attention_bytes = 0, attention_flops = 0;
+    bool linear_memory_bound = true, attention_memory_bound = true;
+};
+
+// The hardware the cost is computed for: a GPU preset, or this CPU (the
+// `cpu` preset, measured: sim_runner.hpp's calibrate_cpu).
+struct Hardware {
+    std::string name;
+    double memory_bytes = 0, memory_bw = 0, peak_flops = 0;
+    double attn_peak_flops = 0;  // 0 = peak_flops
+    double pcie_bw = 0;          // bytes/s each way, for swap
+    std::string source;
+};
+inline Hardware hardware_of(const GpuSpec& g, const PcieSpec& p) {
+    return {g.name, g.memory_bytes, g.memory_bw, g.peak_flops, 0, p.bw, g.source + "; " + p.source};
+}
+
+inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostParams& p, const std::vector<StepItem>& items,
+                          int num_logits, double swap_bytes) {
+    const Config& c = m.shape;
+    StepCost s;
+    double tokens = 0;
+    for (const StepItem& it : items) tokens += it.new_tokens;
+    if (tokens > 0 || num_logits > 0) {
+        // Linear layers: all weights once; the classifier only if some row wants logits.
+        const double cls = num_logits > 0 ? classifier_params(c) : 0.0;
+        s.linear_bytes = (layer_params(c) + cls) * m.weight_bytes;
+        s.linear_flops = 2.0 * layer_params(c) * tokens + 2.0 * classifier_params(c) * num_logits;
+        const double t_mem = s.linear_bytes / (hw.memory_bw * p.bw_efficiency);
+        const double t_cmp = s.linear_flops / (hw.peak_flops * p.flops_efficiency);
+        s.linear_memory_bound = t_mem >= t_cmp;
+        s.linear_s = std::max(t_mem, t_cmp);
+        // Attention: each request reads its context's K/V once (and writes
+        // its new tokens' K/V); a query at position q attends to q + 1 keys,
+        // so n new tokens ending at e attend to sum_{q=e-n}^{e-1} (q + 1)
+        // = n * e - n * (n - 1) / 2 keys in all.
+        const double kv_tok = kv_bytes_per_token(m);
+        const double per_key = 4.0 * c.n_heads * c.head_dim() * c.n_layers;  // FLOPs per (query, key)
+        for (const StepItem& it : items) {
+            const double n = it.new_tokens, e = it.context_end;
+            s.attention_bytes += kv_tok * (e + n);  // read the context, write the new tokens
+            s.attention_flops += per_key * (n * e - n * (n - 1.0) / 2.0);
+        }
+        const double attn_peak = hw.attn_peak_flops > 0 ? hw.attn_peak_flops : hw.peak_flops;
+        const double a_mem = s.attention_bytes / (hw.memory_bw * p.bw_efficiency);
+        const double a_cmp = s.attention_flops / (attn_peak * p.attn_flops_efficiency);
+        s.attention_memory_bound = a_mem >= a_cmp;
+        s.attention_s = std::max(a_mem, a_cmp);
+        s.overhead_s = p.step_overhead_s + p.per_token_s * tokens;
+    }
+    const double compute = s.linear_s + s.attention_s;
+    if (swap_bytes > 0) {
+        const double t = swap_bytes / hw.pcie_bw;
+        s.swap_s = p.swap_stalls ? t : std::max(0.0, t - compute);
+    }
+    s.total_s = s.overhead_s + compute + s.swap_s;
+    return s;
+}
+
+// ============================================================================
+// 5. Worked by hand: one decode step of Llama-3-8B on an H200
+// ============================================================================
+//
+// 64 requests, each decoding one token with 1024 tokens of context before it
+// (so context_end = 1025), no swap, BF16 everywhere.
+//
+// Linear layers. Per layer: q and o are 4096 x 4096 (16.78M each), k and v
+// are 1024 x 4096 (4.19M each: 8 kv heads x 128), the three MLP matrices
+// 14336 x 4096 (58.72M each): 218.10M per layer, 6.979B for 32 layers; the
+// classifier is 128256 x 4096 = 525.3M (the embedding is a separate table of
+// the same size, but a lookup reads only 64 rows of it).
+//   bytes  = (6.979e9 + 0.525e9) x 2           = 15.01 GB
+//   FLOPs  = 2 x 6.979e9 x 64 + 2 x 0.525e9 x 64 = 960.6 GFLOP
+//   memory = 15.01e9 / (4.8e12 x 0.8)          = 3.909 ms
+//   compute= 960.6e9 / (989e12 x 0.6)          = 1.619 ms  -> memory-bound: 3.909 ms
+// Attention. K and V of one token, all layers: 2 x 32 x 8 x 128 x 2 bytes
+// = 131,072 bytes (128 KiB). Each request reads 1025 tokens' worth and writes
+// 1 (the new token), 64 requests:
+//   bytes  = 131072 x 1026 x 64                = 8.607 GB
+//   FLOPs  = 4 x 32 heads x 128 x 32 layers x 1025 keys x 64 = 34.39 GFLOP
+//   memory = 8.607e9 / (4.8e12 x 0.8)          = 2.241 ms
+//   compute= 34.39e9 / (989e12 x 0.4)          = 0.087 ms  -> memory-bound: 2.241 ms
+// Step: 1 ms overhead + 3.909 + 2.241 = 7.150 ms, i.e. 64 tokens in 7.15 ms,
+// 8,950 output tokens/s for this batch. At batch 1 the same step is 1 +
+// 3.909 + 0.035 = 4.94 ms: 64x the tokens for 1.45x the time, the whole case
+// for batching, and at 64 x 1025 tokens of context, attention already costs
+// more than half as much as the weights.
+// tests/test_cost_model.cpp recomputes these numbers with step_cost().
+
+}  // namespace pkv

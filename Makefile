@@ -13,9 +13,9 @@
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
 #                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
-#   make studies    every study (TUTORIAL.md chapter 11): tables on stdout, charts in docs/plots/
-#                   (one at a time: make study-concurrency_sweep, study-victim_study,
-#                   study-fixes_study, study-preemption_study, study-kv_dtype_study)
+#   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
+#                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
+#   make plots      the charts the TUTORIAL shows, refreshed into docs/plots/
 #   make clean
 
 BUILD    ?= build
@@ -45,7 +45,7 @@ DEPS        := build/deps
 DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 
-.PHONY: all run test debug sanitize tsan bench cuda studies clean check-doctest check-headers
+.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers
 all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -73,13 +73,21 @@ test: all
 bench: $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
 
-STUDIES := concurrency_sweep victim_study fixes_study preemption_study
-studies: $(addprefix study-,$(STUDIES)) study-kv_dtype_study
-study-%: $(BUILD)/%
+# Every study on both devices: tables on stdout, charts in build/plots/
+# (never over tracked files). `make plots` refreshes the charts the TUTORIAL
+# shows, in docs/plots/, from the simulated H200 + Llama-3-8B runs.
+STUDY_NAMES := thrash admission victim preemption fixes shedding signals mechanisms kv_dtype
+studies: $(BUILD)/study
+	@mkdir -p build/plots
+	@for s in $(STUDY_NAMES); do for d in cpu sim; do \
+	  echo "== study $$s --device $$d"; ./$(BUILD)/study $$s --device $$d --svg build/plots/$$s-$$d.svg || exit 1; echo; done; done
+study-%: $(BUILD)/study
+	@mkdir -p build/plots
+	./$(BUILD)/study $* --device cpu --svg build/plots/$*-cpu.svg
+	./$(BUILD)/study $* --device sim --svg build/plots/$*-sim.svg
+plots: $(BUILD)/study
 	@mkdir -p docs/plots
-	./$(BUILD)/$* --svg docs/plots/$*.svg
-study-kv_dtype_study: $(BUILD)/kv_dtype_study
-	./$(BUILD)/kv_dtype_study
+	./$(BUILD)/study thrash --device sim --svg docs/plots/thrash-sim.svg > /dev/null
 
 debug:
 	$(MAKE) BUILD=build/debug OPT="-O0 -g" all

@@ -219,12 +219,12 @@ public:
     std::string check_invariants(const std::vector<const std::vector<int32_t>*>& tables) const {
         const int n = num_blocks();
         std::vector<int> holders(n, 0);
+        std::vector<int> last_table(n, -1);  // [block] the last table seen holding it: O(blocks + table entries) in all
         for (size_t t = 0; t < tables.size(); ++t) {
-            std::vector<char> in_this(n, 0);
             for (int32_t b : *tables[t]) {
                 if (b < 0 || b >= n) return "table " + std::to_string(t) + " holds invalid block " + std::to_string(b);
-                if (in_this[b]) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
-                in_this[b] = 1;
+                if (last_table[b] == (int)t) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
+                last_table[b] = (int)t;
                 holders[b]++;
             }
         }
@@ -249,8 +249,22 @@ public:
         }
         if (prev != free_tail_) return "free list tail pointer is wrong";
         if (count != num_free_) return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(num_free_);
-        for (const auto& [h, b] : cached_)
-            if (!blocks_[b].has_hash || blocks_[b].block_hash != h) return "hash map entry points at block " + std::to_string(b) + " without that hash";
+        // Every hash map entry must point at a block that carries its hash.
+        // Walking the map itself chases a pointer per entry through memory
+        // (slow once tens of thousands of blocks are cached); instead each
+        // block looks up its own hash, which can account for at most one
+        // entry, so the count of blocks that find themselves equals the
+        // map's size exactly when every entry is right.
+        size_t mapped = 0;
+        for (int b = 0; b < n; ++b) {
+            if (!blocks_[b].has_hash) continue;
+            const auto it = cached_.find(blocks_[b].block_hash);
+            mapped += it != cached_.end() && it->second == b;
+        }
+        if (mapped != cached_.size())
+            for (const auto& [h, b] : cached_)  // rare: name the culprit
+                if (!blocks_[b].has_hash || blocks_[b].block_hash != h)
+                    return "hash map entry points at block " + std::to_string(b) + " without that hash";
         return "";
     }
 

@@ -218,6 +218,7 @@ struct CostParams {
     double attn_flops_efficiency = 0.4;  // ... and by attention (softmax, masking, smaller tiles)
     double step_overhead_s = 1e-3;   // fixed cost of a step
     double per_token_s = 0;          // per batch token, beyond the roofline (norms, RoPE; the CPU preset measures it)
+    double per_logit_s = 0;          // per sampled row, beyond its classifier FLOPs (the argmax; the CPU preset measures it)
     // vLLM V0 waited for swap copies before the step's kernels ran (they were
     // issued on the same stream); true models that. False lets them overlap
     // with compute, so only what exceeds the step's compute time is paid.
@@ -283,7 +284,7 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
         const double a_cmp = s.attention_flops / (attn_peak * p.attn_flops_efficiency);
         s.attention_memory_bound = a_mem >= a_cmp;
         s.attention_s = std::max(a_mem, a_cmp);
-        s.overhead_s = p.step_overhead_s + p.per_token_s * tokens;
+        s.overhead_s = p.step_overhead_s + p.per_token_s * tokens + p.per_logit_s * num_logits;
     }
     const double compute = s.linear_s + s.attention_s;
     if (swap_bytes > 0) {
@@ -322,6 +323,6 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
 // 3.909 + 0.035 = 4.94 ms: 64x the tokens for 1.45x the time, the whole case
 // for batching, and at 64 x 1025 tokens of context, attention already costs
 // more than half as much as the weights.
-// tests/test_cost_model.cpp recomputes these numbers with step_cost().
+// tests/test_sim.cpp recomputes these numbers with step_cost().
 
 }  // namespace pkv

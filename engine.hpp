@@ -427,6 +427,10 @@ private:
     StepBatch build_batch(const SchedulerOutput& so) {
         StepBatch sb{so, {}, {}, {}, true};
         sb.failed.assign(sb.so.scheduled.size(), 0);
+        sb.batch.with_tables = runner_->needs_block_tables();
+        size_t width = 0;
+        for (const ScheduledRequest& s : sb.so.scheduled) width = std::max(width, s.req->block_table.blocks.size());
+        sb.batch.reserve((int)sb.so.scheduled.size(), (int)width);
         for (const ScheduledRequest& s : sb.so.scheduled) {
             Request& r = *s.req;
             const int first = r.num_computed_tokens;

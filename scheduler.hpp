@@ -198,9 +198,12 @@ enum class Admission {
 
 // Who is preempted when a block allocation fails. kNewest is vLLM's
 // running.pop(): the request admitted last, so the oldest ones keep going
-// and finish. kOldest exists as the contrast that examples/victim_study
-// measures.
-enum class Victim { kNewest, kOldest };
+// and finish. The other two exist as contrasts the victim study measures:
+// kOldest throws away the most work; kFair preempts the request that has
+// generated the most tokens so far, so no request runs ahead of the others
+// and everyone is slowed alike (processor sharing, the "slow everyone down
+// uniformly" answer an operating system gives to memory pressure).
+enum class Victim { kNewest, kOldest, kFair };
 
 // What happens to a victim's KV cache.
 enum class Preemption {
@@ -218,7 +221,7 @@ enum class Preemption {
 // The names the command lines use, and back. Each parse_* throws
 // std::invalid_argument naming the choices.
 inline const char* to_string(Admission a) { return a == Admission::kBet ? "bet" : "reserve"; }
-inline const char* to_string(Victim v) { return v == Victim::kNewest ? "newest" : "oldest"; }
+inline const char* to_string(Victim v) { return v == Victim::kNewest ? "newest" : v == Victim::kOldest ? "oldest" : "fair"; }
 inline const char* to_string(Preemption p) { return p == Preemption::kRecompute ? "recompute" : "swap"; }
 inline Admission parse_admission(const std::string& s) {
     if (s == "bet") return Admission::kBet;
@@ -228,7 +231,8 @@ inline Admission parse_admission(const std::string& s) {
 inline Victim parse_victim(const std::string& s) {
     if (s == "newest") return Victim::kNewest;
     if (s == "oldest") return Victim::kOldest;
-    throw std::invalid_argument("victim must be newest or oldest, got '" + s + "'");
+    if (s == "fair") return Victim::kFair;
+    throw std::invalid_argument("victim must be newest, oldest or fair, got '" + s + "'");
 }
 inline Preemption parse_preemption(const std::string& s) {
     if (s == "recompute") return Preemption::kRecompute;
@@ -465,23 +469,24 @@ public:
             if (n <= 0) { ++i; continue; }
             // (2) Grow its block table; while that fails, preempt a victim:
             //     the newest running request (Victim::kNewest, the default),
-            //     or the oldest (kOldest). The victim may be `req` itself, and
-            //     then it simply waits for the next step.
+            //     the oldest (kOldest) or the one furthest ahead (kFair). The
+            //     victim may be `req` itself, and then it simply waits for the
+            //     next step.
             //     Why not just skip `req` and let it keep its blocks? When every
             //     running request sits at a block boundary, nobody can grow and
             //     nobody gives a block back: a deadlock. Freeing a victim is
             //     what guarantees the oldest requests progress.
             //     With kNewest victims come from the back, behind the cursor
             //     `i`, so a victim was never given tokens earlier in this step.
-            //     With kOldest it may have been: preempt() takes its tokens back
-            //     (vLLM's priority policy has the same case).
+            //     With kOldest or kFair it may have been: preempt() takes its
+            //     tokens back (vLLM's priority policy has the same case).
             bool self_preempted = false;
             while (!allocate_slots(pool_, req->block_table, {}, (int64_t)req->num_computed_tokens + n)) {
-                Request* victim = cfg_.victim == Victim::kNewest ? running_.back() : running_.front();
+                Request* victim = pick_victim();
                 const size_t vi = (size_t)(std::find(running_.begin(), running_.end(), victim) - running_.begin());
                 preempt(victim, out, budget);
                 if (victim == req) { self_preempted = true; break; }
-                if (vi < i) --i;  // (kOldest) the victim stood before the cursor
+                if (vi < i) --i;  // (kOldest, kFair) the victim stood before the cursor
             }
             // `req` left running_, so index i already names the next request
             // (with kNewest there is none: everything behind it went first).
@@ -657,6 +662,17 @@ private:
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         waiting_.push_front(victim);
+    }
+
+    // The victim of the policy in cfg_.victim, among running_ (not empty).
+    // kFair: the most output tokens; on a tie the newest, as vLLM would.
+    Request* pick_victim() const {
+        if (cfg_.victim == Victim::kNewest) return running_.back();
+        if (cfg_.victim == Victim::kOldest) return running_.front();
+        Request* v = running_.back();
+        for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+            if ((*it)->num_output_tokens() > v->num_output_tokens()) v = *it;
+        return v;
     }
 
     // Try to admit `req` with at most `budget` new tokens this step. Returns the

@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <ctime>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -89,6 +91,7 @@ public:
     Device device() const override { return Device::kSim; }
     bool kv_in_host_memory() const override { return false; }
     bool produces_tokens() const override { return true; }
+    bool needs_block_tables() const override { return false; }
     // The KV budget of vLLM's rule (cost_model.hpp section 3) for a pool of
     // `block_size` blocks; the engine turns it into blocks.
     uint64_t memory_for_kv_cache() const override {
@@ -151,115 +154,425 @@ private:
 // ============================================================================
 //
 // To compare the model with reality we need a machine we can run: this CPU,
-// with the project's own forward pass (one thread, so that the measurement
-// does not depend on what else the machine is doing at the moment). We
-// measure, on the real model's own matrices:
-//   memory_bw   weight bytes / the time of one token through every linear
-//               layer (matmul at T = 1: the weights streamed once);
-//   peak_flops  2 x parameters x 64 / the time of 64 tokens through them
-//               (matmul at T = 64: the project's GEMM throughput);
-//   attn_peak   attention FLOPs / time, from one token attending to 512
-//               positions against one attending to 1;
-//   per_token   what a token costs beyond matmul and attention (norms,
-//               RoPE, the K/V write), from whole forward passes;
-// and the efficiencies are 1, since these are already achieved rates. The
-// step overhead (scheduling, batch building, sampling) is measured by
-// sim_fidelity, which runs the engine; here it is a parameter.
-struct CpuCalibration {
-    Hardware hw;
-    CostParams cost;
-    double matmul_t1_s = 0, matmul_t64_s = 0, attn_s_per_key = 0;
-};
+// with the project's own forward pass on one thread (so that the measurement
+// does not depend on how many cores happen to be free). We calibrate the
+// roofline of cost_model.hpp section 4 on the engine's own code path -- a
+// CpuForward over a paged KV cache, then the argmax of each logits row, as
+// ModelRunner::forward_argmax does -- with small synthetic batches chosen so
+// that each cost shows up alone.
+//
+// What a CPU step is made of, and which term of step_cost() pays for it:
+//   linear      2 FLOPs per parameter per token at the rate our dot() reaches
+//               on the model's own layer matrices (peak_flops).
+//   weights     reading every weight once per step. On a GPU this is the
+//               memory side of the roofline, and it *overlaps* with the
+//               FLOPs: a step takes the larger of the two. On this CPU it
+//               does not: matmul() walks the weights row by row and each dot()
+//               waits for its row's loads, so the read time *adds* to the
+//               compute time. We see it in the intercept of the step time
+//               against the batch size (below), together with the other fixed
+//               costs of a forward pass; the calibration also times one
+//               streaming read of the weights alone, so a reader can compare.
+//               step_cost() has max(), not a sum, so we charge the read as a
+//               fixed cost per step (step_overhead_s), and set memory_bw so
+//               that the max() picks the FLOPs from one token on: the read is
+//               already paid, it must not be paid twice.
+//   fixed       the rest of what a forward pass costs whatever its size
+//               (seven matmul calls per layer, scratch bookkeeping) lands in
+//               the same intercept; and the engine's own per-step work
+//               (scheduling, building the batch, streaming tokens) comes on
+//               top, measured by the caller, who runs an Engine
+//               (examples/sim_fidelity does).
+//   attention   paged_attention_ref: scalar, two passes, one query at a time,
+//               no reuse of a K/V vector between the queries of a prefill.
+//               Its cost is per (query, key) pair: compute-bound, at
+//               attn_peak_flops. A chunk of n tokens ending at position e
+//               pays for n * e - n * (n - 1) / 2 pairs, so on the CPU long
+//               prefills and recomputes are dominated by it.
+//   per token   what a token costs beyond its FLOPs and its keys: the
+//               embedding copy, two RMSNorms and two residual adds per layer,
+//               RoPE (a pow, a cos and a sin per pair of q and k), the K/V
+//               store, SiLU (an exp per hidden unit), and attention's per-head
+//               setup: per_token_s.
+//   per logit   the classifier row is FLOPs like any other. The argmax over
+//               the vocabulary that follows it is not: a compare and a
+//               data-dependent branch per entry, a sizeable fraction of the
+//               row's cost for a small model, and the final RMSNorm rides
+//               along. We measure the whole per-row cost, and what the FLOPs
+//               do not cover (logit_extra_s) becomes CostParams::per_logit_s.
+//   swap        a memcpy between the cache and a host array (pcie_bw).
+// Every rate is achieved, not a datasheet peak, so the efficiencies are 1.
+//
+// The measurements, each the median over rounds:
+//   sweep      T single-token sequences at position 0, no logits, for
+//              T = 1, 2, 4, ..., 64: t(T) = fixed + T * token, a line we fit
+//              with least relative error (so that T = 1 counts as much as
+//              T = 64); token = layer FLOPs + per token + one key;
+//   layers     the layer matmuls alone at T = 16 and T = 64, on buffers laid
+//              out as CpuForward's: peak_flops from the slope (the
+//              difference removes their own read time);
+//   per logit  (64 sequences with logits - the same without) / 64;
+//   per key    (8 decodes at position 255 - the same at position 0) / (8 x 255);
+//   read       one streaming read of the weights step_cost() counts;
+//   copy       a memcpy of the cache's K half.
+// The two halves of each difference run back to back in the same round, so
+// that a slow moment of the machine cancels. Then
+//   per_token = token - 2 x layer parameters / peak_flops - per key.
+// The line's largest residual is reported: if t(T) is not a line, the
+// roofline's structure does not fit this CPU and the rest is suspect.
+//
+// What no choice of these numbers can express: one rate per phase. The CPU's
+// rates move with where the data sits -- attention per key is a little
+// cheaper when a step's K/V fit in the core's own cache, and its speed even
+// depends on where the cache's buffer starts within a page (sim_fidelity
+// pins the allocator so that calibration and engine get the same layout) --
+// and a step's first touch of freshly grown scratch memory is not in the
+// model at all. examples/sim_fidelity shows how much each costs.
+//
+// Timing: every figure is this thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
+// On a machine shared with other work the wall clock also counts the time
+// the OS gave our core to someone else, which says nothing about the engine;
+// the thread's CPU time does not (what it cannot remove is a neighbour
+// evicting our data from a shared cache). On an idle machine the two agree.
+// The calibration takes a second or so at the default 15 rounds, on fixed
+// batches and a KV cache filled with fixed pseudo-random values: what it
+// measures is deterministic, only the timings vary.
 
+// This thread's CPU time in seconds (POSIX clock_gettime; <ctime>, which
+// <chrono> brings in, declares it).
+inline double thread_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The median (the upper one for an even count); 0 for no samples.
 inline double median_seconds(std::vector<double> v) {
+    if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
 
-inline CpuCalibration calibrate_cpu(const Model& m, double step_overhead_s = 0.0, int repeats = 9) {
-    const Config& c = m.cfg;
-    const int D = c.dim, KV = c.kv_dim(), H = c.hidden_dim, V = c.vocab_size;
-    auto time_it = [&](auto&& fn) {
-        std::vector<double> t;
-        fn();  // warm-up: caches and page faults
-        for (int r = 0; r < repeats; ++r) {
-            const auto t0 = std::chrono::steady_clock::now();
-            fn();
-            t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        }
-        return median_seconds(t);
-    };
-    // Every linear layer of the model once, for T tokens: the weights as the
-    // CPU forward reads them.
-    std::vector<float> x((size_t)64 * H, 0.01f), y((size_t)64 * std::max(V, H));
-    auto linear = [&](int T) {
-        for (int l = 0; l < c.n_layers; ++l) {
-            const Weights& w = m.w;
-            matmul(y.data(), x.data(), &w.wq[(size_t)l * D * D], T, D, D);
-            matmul(y.data(), x.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
-            matmul(y.data(), x.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
-            matmul(y.data(), x.data(), &w.wo[(size_t)l * D * D], T, D, D);
-            matmul(y.data(), x.data(), &w.w1[(size_t)l * H * D], T, D, H);
-            matmul(y.data(), x.data(), &w.w3[(size_t)l * H * D], T, D, H);
-            matmul(y.data(), x.data(), &w.w2[(size_t)l * D * H], T, H, D);
-        }
-        matmul(y.data(), x.data(), m.classifier(), T, D, V);
-    };
-    CpuCalibration cal;
-    cal.matmul_t1_s = time_it([&] { linear(1); });
-    cal.matmul_t64_s = time_it([&] { linear(64); });
-    const double params = layer_params(c) + classifier_params(c);
+// y = a + b x fitted to points (x_i, y_i > 0) with the least *relative*
+// error: minimise sum ((a + b x_i - y_i) / y_i)^2, i.e. weights 1 / y_i^2.
+// An ordinary least-squares line would follow the largest y and could miss
+// the small ones by a factor; relative weights make the intercept (the fixed
+// cost, visible only at small x) as trustworthy as the slope. An intercept
+// that noise drives below zero is refitted as 0: a negative fixed cost would
+// make tiny steps cheaper than free.
+struct LineFit {
+    double a = 0, b = 0;
+    double max_rel_residual = 0;  // max over the points of |a + b x_i - y_i| / y_i
+};
+inline LineFit fit_line_relative(const std::vector<double>& x, const std::vector<double>& y) {
+    double s = 0, sx = 0, sxx = 0, sy = 0, sxy = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double w = 1.0 / (y[i] * y[i]);
+        s += w; sx += w * x[i]; sxx += w * x[i] * x[i]; sy += w * y[i]; sxy += w * x[i] * y[i];
+    }
+    LineFit f;
+    const double det = s * sxx - sx * sx;
+    if (det > 0) {
+        f.a = (sy * sxx - sx * sxy) / det;
+        f.b = (s * sxy - sx * sy) / det;
+    }
+    if (det <= 0 || f.a < 0) {
+        f.a = 0;
+        f.b = sxx > 0 ? sxy / sxx : 0;
+    }
+    for (size_t i = 0; i < x.size(); ++i) f.max_rel_residual = std::max(f.max_rel_residual, std::fabs(f.a + f.b * x[i] - y[i]) / y[i]);
+    return f;
+}
 
-    // Whole forward passes through the model, on a cache big enough for one
-    // sequence of 520 positions (and 64 of 1).
-    const int bs = 16;
-    KVCache cache(KVGeometry{c.n_layers, 80, bs, c.n_kv_heads, c.head_dim()});
+// The preset, and the measurements it came from (seconds of thread CPU
+// time, medians), so that a program can show its reader where each number
+// comes from -- and can combine several calibrations (see
+// combine_calibrations) before deriving the preset once.
+struct CpuCalibration {
+    // Measured.
+    std::vector<int> sweep_tokens;      // the T of the sweep ...
+    std::vector<double> sweep_seconds;  // ... and t(T)
+    double layers_t16_s = 0, layers_t64_s = 0;  // the layer matmuls alone, 16 and 64 tokens
+    double logit_s = 0;            // one more logits row: classifier row, final norm, argmax
+    double attn_s_per_key = 0;     // one more (query, key) pair
+    double weights_read_s = 0;     // one streaming read of the weights step_cost() counts
+    double copy_s = 0;             // one memcpy of copy_bytes (the cache's K half)
+    double copy_bytes = 0;
+    double engine_overhead_s = 0;  // the engine's own per-step work, as the caller measured it
+    double elapsed_s = 0;          // wall seconds the calibration took
+    // Derived (derive_cpu_preset).
+    double forward_fixed_s = 0;    // a forward pass whatever its size: the line's intercept
+    double token_s = 0;            // one more single-token sequence (no logits, one key): the line's slope
+    double fit_max_residual = 0;   // how far the line misses its points, relative
+    double logit_extra_s = 0;      // logit_s beyond the row's FLOPs at peak_flops: charged as per_logit_s
+    double read_bw = 0;            // the weights' streaming read as bytes/s (memory_bw is at least this)
+    Hardware hw;
+    CostParams cost;
+};
+
+// The preset from the measurements: the line, then every rate. One function,
+// so that a single calibration and a combination of several are turned into
+// parameters the same way.
+inline void derive_cpu_preset(const Model& m, CpuCalibration& cal) {
+    const Config& c = m.cfg;
+    // The line t(T) = fixed + T x token.
+    const std::vector<double> xs(cal.sweep_tokens.begin(), cal.sweep_tokens.end());
+    const LineFit fit = fit_line_relative(xs, cal.sweep_seconds);
+    cal.forward_fixed_s = fit.a;
+    cal.token_s = fit.b;
+    cal.fit_max_residual = fit.max_rel_residual;
+
+    const double lp = layer_params(c), cp = classifier_params(c), weight_bytes = 4.0;  // f32 checkpoints
+    const double per_key_flops = 4.0 * c.n_heads * c.head_dim() * c.n_layers;       // as step_cost() counts them
+    // A difference of two timings can come out <= 0 on a machine this noisy;
+    // a floor keeps every rate finite (and a printout shows the nonsense).
+    constexpr double kFloor = 1e-12;
+    cal.hw.name = "cpu";
+    // The GEMM rate: 48 more tokens through every layer matrix, over the
+    // time they added. Taking the slope, not one timing, leaves out the
+    // matmuls' own read of the weights, which the fixed cost already holds.
+    cal.hw.peak_flops = 2.0 * lp * (64 - 16) / std::max(kFloor, cal.layers_t64_s - cal.layers_t16_s);
+    // Attention's rate, in the FLOPs step_cost() counts per (query, key).
+    cal.hw.attn_peak_flops = per_key_flops / std::max(kFloor, cal.attn_s_per_key);
+    cal.read_bw = (lp + cp) * weight_bytes / std::max(kFloor, cal.weights_read_s);
+    // One token's FLOPs per weight byte are 2 / weight_bytes, so at
+    // peak_flops x weight_bytes / 2 bytes/s reading the weights takes
+    // exactly as long as computing one token: at that bandwidth or above the
+    // max() picks the FLOPs for every batch. The read itself is charged in
+    // the fixed cost. (Attention's K/V bytes meet the same bandwidth; at a
+    // few KB per key against a microsecond of scalar arithmetic they never
+    // bind on the CPU either.)
+    cal.hw.memory_bw = std::max(cal.read_bw, cal.hw.peak_flops * weight_bytes / 2.0);
+    cal.hw.pcie_bw = cal.copy_bytes / std::max(kFloor, cal.copy_s);
+    cal.hw.memory_bytes = (double)host_memory_bytes();
+    cal.hw.source = "measured on this machine: the model's own CPU forward pass, one thread";
+    cal.cost.bw_efficiency = cal.cost.flops_efficiency = cal.cost.attn_flops_efficiency = 1.0;
+    // What the slope per token leaves once its layer FLOPs and its one key
+    // are paid. With peak_flops taken from the layers alone this is the
+    // non-GEMM work listed above; if it ever comes out negative, the layer
+    // matmuls ran faster inside the forward pass than alone, and the sum per
+    // token is still the measured one.
+    cal.cost.per_token_s = cal.token_s - 2.0 * lp / cal.hw.peak_flops - cal.attn_s_per_key;
+    cal.cost.step_overhead_s = cal.engine_overhead_s + cal.forward_fixed_s;
+    cal.cost.swap_stalls = true;  // the CPU runner copies before the forward pass, on the same thread
+    cal.logit_extra_s = cal.logit_s - 2.0 * cp / cal.hw.peak_flops;
+    cal.cost.per_logit_s = std::max(0.0, cal.logit_extra_s);
+}
+
+inline CpuCalibration calibrate_cpu(const Model& m, double engine_overhead_s = 0.0, int repeats = 15) {
+    if (repeats < 1) throw std::invalid_argument("calibrate_cpu: repeats must be at least 1");
+    const auto wall0 = std::chrono::steady_clock::now();
+    const Config& c = m.cfg;
+    const int V = c.vocab_size, D = c.dim, KV = c.kv_dim(), H = c.hidden_dim, bs = 16;
+    // Up to 64 single-token sequences of one block each, and 8 sequences of
+    // 256 positions (16 blocks each) for attention, each in blocks of its
+    // own, as distinct requests are in the engine.
+    constexpr int kMaxT = 64, kAttnSeqs = 8, kAttnPos = 255;
+    const int attn_blocks = (kAttnPos + bs) / bs;
+    const int num_blocks = kMaxT + kAttnSeqs * attn_blocks;
+    if (c.seq_len <= kAttnPos) throw std::invalid_argument("calibrate_cpu: the model's context is shorter than 256 positions");
+    KVCache cache(KVGeometry{c.n_layers, num_blocks, bs, c.n_kv_heads, c.head_dim(), KVDtype::kF32});
+    uint64_t rng = 0x5eed;
+    auto uniform = [&rng]() { return (float)((double)(splitmix64(rng) >> 11) * (2.0 / 9007199254740992.0) - 1.0); };
+    // Fixed pseudo-random K/V in [-1, 1): attention computes with values of
+    // a realistic size, the same ones every time.
+    std::vector<float> vec((size_t)c.head_dim());
+    for (int l = 0; l < c.n_layers; ++l)
+        for (const KVView& view : {cache.k_view(l), cache.v_view(l)})
+            for (int64_t slot = 0; slot < (int64_t)num_blocks * bs; ++slot)
+                for (int h = 0; h < c.n_kv_heads; ++h) {
+                    for (float& e : vec) e = uniform();
+                    kv_store(view, slot, h, vec.data());
+                }
+
     CpuForward fwd(m, cache);
     std::vector<float> logits;
-    std::vector<int32_t> table(40);
-    for (int i = 0; i < 40; ++i) table[(size_t)i] = i;
-    auto decode_at = [&](int pos) {  // one token at `pos`, attending to pos + 1 keys
-        ForwardBatch b;
-        const int32_t tok = 5;
-        b.add_sequence(table, bs, &tok, pos, 1, true);
+    std::vector<int32_t> tokens;
+    // One forward pass and the argmax of its logits rows: the work of
+    // CpuRunner::forward_argmax, which the engine calls for greedy batches.
+    auto timed = [&](const ForwardBatch& b) {
+        const double t0 = thread_cpu_seconds();
         fwd.forward(b, logits);
+        tokens.resize(b.logits_indices.size());
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(logits.data() + i * (size_t)V, V);
+        return thread_cpu_seconds() - t0;
     };
-    auto decode64 = [&]() {  // 64 sequences, one token each at position 0
+    // T sequences of one token each, at position 0 (one key each), in blocks
+    // 0..T-1; the token ids vary so that the embedding rows do too.
+    auto singles = [&](int T, bool want_logits) {
         ForwardBatch b;
-        const int32_t tok = 5;
-        for (int s = 0; s < 64; ++s) b.add_sequence({40 + s % 40}, bs, &tok, 0, 1, true);
-        fwd.forward(b, logits);
+        for (int s = 0; s < T; ++s) {
+            const int32_t tok = 3 + s % std::max(1, V - 3);
+            b.add_sequence({s}, bs, &tok, 0, 1, want_logits);
+        }
+        return b;
     };
-    const double t_short = time_it([&] { decode_at(0); });
-    const double t_long = time_it([&] { decode_at(511); });
-    const double t_64 = time_it(decode64);
-    const double per_key = 4.0 * c.n_heads * c.head_dim() * c.n_layers;
-    cal.attn_s_per_key = std::max(1e-12, (t_long - t_short) / 511.0);
+    // kAttnSeqs sequences decoding one token at `pos`, each over its own blocks.
+    auto decodes = [&](int pos) {
+        ForwardBatch b;
+        for (int s = 0; s < kAttnSeqs; ++s) {
+            std::vector<int32_t> table((size_t)attn_blocks);
+            for (int i = 0; i < attn_blocks; ++i) table[(size_t)i] = kMaxT + s * attn_blocks + i;
+            const int32_t tok = 3 + s % std::max(1, V - 3);
+            b.add_sequence(table, bs, &tok, pos, 1, false);
+        }
+        return b;
+    };
+    const std::vector<int> sweep = {1, 2, 4, 8, 16, 32, kMaxT};
+    std::vector<ForwardBatch> sweep_b;
+    for (int T : sweep) sweep_b.push_back(singles(T, false));
+    const ForwardBatch with_logits = singles(kMaxT, true), attn_long = decodes(kAttnPos), attn_short = decodes(0);
 
-    cal.hw.name = "cpu";
-    cal.hw.memory_bw = params * 4.0 / cal.matmul_t1_s;
-    cal.hw.peak_flops = 2.0 * params * 64 / cal.matmul_t64_s;
-    cal.hw.attn_peak_flops = per_key / cal.attn_s_per_key;
-    cal.hw.memory_bytes = (double)host_memory_bytes();
-    cal.hw.pcie_bw = cal.hw.memory_bw;  // "swap" is a memcpy in host memory
-    cal.hw.source = "measured on this machine: the CPU forward pass of the model itself, one thread";
-    cal.cost.bw_efficiency = cal.cost.flops_efficiency = cal.cost.attn_flops_efficiency = 1.0;
-    cal.cost.step_overhead_s = step_overhead_s;
-    // What 64 tokens cost beyond the roofline's linear and attention terms.
-    const double linear64 = std::max(cal.matmul_t64_s, cal.matmul_t1_s);
-    cal.cost.per_token_s = std::max(0.0, (t_64 - linear64 - 64 * cal.attn_s_per_key) / 64.0);
+    // The layer matmuls alone, as CpuForward::forward calls them, on
+    // buffers of its shapes (each its own allocation, [T, n]) holding values
+    // of a realistic size. Same-sized buffers that all start on a page
+    // boundary can make loads and stores alias in the CPU's store buffer and
+    // run much slower than the forward pass does: separate, differently sized
+    // vectors, as the forward's own, avoid measuring that.
+    const Weights& w = m.w;
+    std::vector<float> xb((size_t)kMaxT * D), hb((size_t)kMaxT * H), q((size_t)kMaxT * D), k((size_t)kMaxT * KV),
+        v((size_t)kMaxT * KV), att((size_t)kMaxT * D), h1((size_t)kMaxT * H), h3((size_t)kMaxT * H);
+    for (float& e : xb) e = uniform();
+    for (float& e : hb) e = uniform();
+    auto layers = [&](int T) {
+        const double t0 = thread_cpu_seconds();
+        for (int l = 0; l < c.n_layers; ++l) {
+            matmul(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
+            matmul(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
+            matmul(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
+            matmul(att.data(), xb.data(), &w.wo[(size_t)l * D * D], T, D, D);
+            matmul(h1.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
+            matmul(h3.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);
+            matmul(att.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D);
+        }
+        return thread_cpu_seconds() - t0;
+    };
+
+    // The weights step_cost() counts as linear_bytes (every layer matrix and
+    // the classifier), read as 64-bit words with four independent XOR chains:
+    // a loop that retires more bytes per cycle than any cache delivers, so it
+    // times the reads and not itself (a float sum would be bound by the
+    // latency of its adds). memcpy is the legal way to look at a float's bits.
+    const std::vector<std::pair<const float*, size_t>> arrays = {
+        {w.wq.data(), w.wq.size()}, {w.wk.data(), w.wk.size()}, {w.wv.data(), w.wv.size()}, {w.wo.data(), w.wo.size()},
+        {w.w1.data(), w.w1.size()}, {w.w2.data(), w.w2.size()}, {w.w3.data(), w.w3.size()},
+        {m.classifier(), (size_t)V * D}};
+    volatile uint64_t read_sink = 0;  // the result goes somewhere, so the reads cannot be optimised away
+    auto read_weights = [&]() {
+        const double t0 = thread_cpu_seconds();
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        for (const auto& [p, n] : arrays) {
+            const unsigned char* bytes = reinterpret_cast<const unsigned char*>(p);
+            const unsigned char* end = bytes + n * sizeof(float) / 32 * 32;
+            for (; bytes < end; bytes += 32) {
+                uint64_t x0, x1, x2, x3;  // four plain 8-byte loads
+                std::memcpy(&x0, bytes, 8); std::memcpy(&x1, bytes + 8, 8);
+                std::memcpy(&x2, bytes + 16, 8); std::memcpy(&x3, bytes + 24, 8);
+                a0 ^= x0; a1 ^= x1; a2 ^= x2; a3 ^= x3;
+            }
+        }
+        read_sink = a0 ^ a1 ^ a2 ^ a3;
+        return thread_cpu_seconds() - t0;
+    };
+    // A swap copy on the CPU runner is a memcpy of whole blocks; we time one
+    // over the K half of the cache.
+    std::vector<std::byte> host(cache.k.size());
+    auto copy_cache = [&]() {
+        const double t0 = thread_cpu_seconds();
+        std::copy_n(cache.k.data(), cache.k.size(), host.data());
+        return thread_cpu_seconds() - t0;
+    };
+
+    // Warm-up: the largest batch first sizes CpuForward's scratch, then one
+    // of each, so that no round pays for a first touch.
+    timed(with_logits);
+    for (const ForwardBatch& b : sweep_b) timed(b);
+    timed(attn_long);
+    timed(attn_short);
+    layers(kMaxT);
+    read_weights();
+    copy_cache();
+
+    // The rounds: every measurement once per round, the pairs back to back.
+    std::vector<std::vector<double>> sweep_t(sweep.size());
+    std::vector<double> l16, l64, per_logit, per_key, reads, copies;
+    for (int r = 0; r < repeats; ++r) {
+        for (size_t i = 0; i < sweep.size(); ++i) sweep_t[i].push_back(timed(sweep_b[i]));
+        const double with = timed(with_logits), without = timed(sweep_b.back());
+        per_logit.push_back((with - without) / kMaxT);
+        const double long_ = timed(attn_long), short_ = timed(attn_short);
+        per_key.push_back((long_ - short_) / ((double)kAttnSeqs * kAttnPos));
+        l16.push_back(layers(16));
+        l64.push_back(layers(kMaxT));
+        reads.push_back(read_weights());
+        copies.push_back(copy_cache());
+    }
+
+    CpuCalibration cal;
+    cal.sweep_tokens = sweep;
+    for (const std::vector<double>& t : sweep_t) cal.sweep_seconds.push_back(median_seconds(t));
+    cal.layers_t16_s = median_seconds(l16);
+    cal.layers_t64_s = median_seconds(l64);
+    cal.logit_s = median_seconds(per_logit);
+    cal.attn_s_per_key = median_seconds(per_key);
+    cal.weights_read_s = median_seconds(reads);
+    cal.copy_s = median_seconds(copies);
+    cal.copy_bytes = (double)cache.k.size();
+    cal.engine_overhead_s = engine_overhead_s;
+    derive_cpu_preset(m, cal);
+    cal.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     return cal;
 }
 
-// The `cpu` preset for a model we hold the weights of.
-inline SimConfig cpu_sim_config(const Model& m, const std::string& name, double step_overhead_s = 0.0) {
+// Several calibrations made at different moments (a program can calibrate
+// again before each of its real runs, so that the preset describes the
+// machine as those runs found it), as one: the median of each measurement,
+// then the preset derived once. A calibration that caught the machine in a
+// slow second is outvoted instead of setting every rate.
+inline CpuCalibration combine_calibrations(const Model& m, const std::vector<CpuCalibration>& cals) {
+    if (cals.empty()) throw std::invalid_argument("combine_calibrations: no calibration");
+    CpuCalibration out = cals.front();
+    auto median_of = [&](double CpuCalibration::*field) {
+        std::vector<double> v;
+        for (const CpuCalibration& c : cals) v.push_back(c.*field);
+        return median_seconds(v);
+    };
+    for (size_t i = 0; i < out.sweep_seconds.size(); ++i) {
+        std::vector<double> v;
+        for (const CpuCalibration& c : cals) v.push_back(c.sweep_seconds.at(i));
+        out.sweep_seconds[i] = median_seconds(v);
+    }
+    for (double CpuCalibration::*f : {&CpuCalibration::layers_t16_s, &CpuCalibration::layers_t64_s, &CpuCalibration::logit_s,
+                                      &CpuCalibration::attn_s_per_key, &CpuCalibration::weights_read_s, &CpuCalibration::copy_s,
+                                      &CpuCalibration::engine_overhead_s})
+        out.*f = median_of(f);
+    out.elapsed_s = 0;
+    for (const CpuCalibration& c : cals) out.elapsed_s += c.elapsed_s;
+    derive_cpu_preset(m, out);
+    return out;
+}
+
+// The engine's own per-step work, measured after the calibration (a caller
+// that runs an Engine to find it needs the preset first): it joins the
+// forward pass's fixed cost in step_overhead_s.
+inline void set_engine_overhead(const Model& m, CpuCalibration& cal, double engine_overhead_s) {
+    cal.engine_overhead_s = engine_overhead_s;
+    derive_cpu_preset(m, cal);
+}
+
+// The `cpu` preset for a model we hold the weights of, from a calibration
+// already made (a program that prints the measurements keeps them) ...
+inline SimConfig cpu_sim_config(const Model& m, const std::string& name, const CpuCalibration& cal) {
     SimConfig s;
     s.model = ModelSpec{name, m.cfg, 4, 4, "the model's own f32 checkpoint"};
-    const CpuCalibration cal = calibrate_cpu(m, step_overhead_s);
     s.hw = cal.hw;
     s.cost = cal.cost;
-    s.cost.swap_stalls = true;
     return s;
+}
+// ... or measured now, with the engine's per-step overhead as the caller
+// knows it (0: only the forward pass's own fixed cost is charged per step).
+inline SimConfig cpu_sim_config(const Model& m, const std::string& name, double engine_overhead_s = 0.0) {
+    return cpu_sim_config(m, name, calibrate_cpu(m, engine_overhead_s));
 }
 
 }  // namespace pkv

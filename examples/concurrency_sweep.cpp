@@ -26,7 +26,7 @@
 
 #include "examples/cli.hpp"
 #include "examples/svg.hpp"
-#include "examples/workload.hpp"
+#include "examples/legacy_study.hpp"
 
 namespace {
 

@@ -78,7 +78,7 @@ int run(int argc, char** argv) {
     std::printf("C arrives with A's tokens: %zu hit blocks %s, found in the free list\n", hits.size(), list(hits).c_str());
     pkv::BlockTable tc;
     pkv::allocate_slots(pool, tc, hits, (int)c.size());
-    show("C touches its hits (pulled from the middle):", pool);
+    show("C touches its hits (unlinked, O(1)):", pool);
     std::printf("  C.block_table = %s; invariants: %s\n", list(tc.blocks).c_str(),
                 pool.check_invariants({&tc.blocks}).empty() ? "ok" : "BROKEN");
     return 0;

@@ -36,7 +36,7 @@ namespace {
 // The engine and workload knobs live in study::Setup (examples/workload.hpp),
 // with this demo's defaults; we add what only this program has.
 struct Options : study::Setup {
-    std::string checkpoint, tokenizer;
+    std::string checkpoint, tokenizer, gpu = "h200";
     bool json = false, no_lanes = false;
     Options() { swap_space_blocks = 64; }
 };
@@ -49,6 +49,9 @@ Options parse(int argc, char** argv) {
     p.text("-z", &o.tokenizer, "FILE", "tokenizer for a checkpoint");
     study::add_workload_flags(p, o);
     study::add_engine_flags(p, o);
+    std::vector<std::pair<std::string, std::string>> gpus;
+    for (const auto& g : pkv::gpu_presets()) gpus.push_back({g.name, g.name});
+    p.choice("--gpu", &o.gpu, gpus, "the GPU --device sim simulates (cost_model.hpp); this model's own shape and f32 weights");
     p.real("--temperature", &o.temperature, 0, 100, "0 = greedy; sampling is seeded per request");
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.flag("--no-lanes", &o.no_lanes, "skip the per-step lanes");
@@ -86,7 +89,13 @@ int run(int argc, char** argv) {
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
     // A bad size or a device this build cannot run throws here, with a message
     // that says what to change; guarded_main prints it.
-    pkv::Engine eng(pkv::make_model_runner(opt.device, mt.model), engine_config(opt));
+    // On the simulated GPU time is modelled, so the engine gets a clock that
+    // moves only by the modelled step durations.
+    const bool sim = opt.device == pkv::Device::kSim;
+    pkv::VirtualClock sim_clock;
+    pkv::SimOptions sim_opts;
+    sim_opts.gpu = opt.gpu;
+    pkv::Engine eng(pkv::make_model_runner(opt.device, mt.model, sim_opts), engine_config(opt), sim ? &sim_clock : nullptr);
     const bool show = !opt.json;
     if (show) {
         std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
@@ -175,7 +184,7 @@ int run(int argc, char** argv) {
         }
     }
     if (show && !opt.no_lanes) flush_repeats();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall = sim ? sim_clock.t : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const pkv::Metrics& m = eng.metrics();
 
     if (opt.json) {
@@ -233,11 +242,13 @@ int run(int argc, char** argv) {
         max_pre = std::max(max_pre, r->num_preemptions);
     }
     const auto& itl = m.inter_token_latency;
-    std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", 1
+    if (sim) std::printf("\nmetrics (simulated time on %s: every duration below is modelled, not measured):\n", opt.gpu.c_str());
+    else
+        std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", 1
 #ifdef _OPENMP
-        - 1 + omp_get_max_threads()
+            - 1 + omp_get_max_threads()
 #endif
-    );
+        );
     std::printf("  requests                 %d finished, %ld rejected, of %d\n", finished, m.num_requests_rejected, R);
     std::printf("  num_preemptions_total    %ld  (%d requests preempted at least once, at most %d times)\n",
                 m.num_preemptions_total, preempted_reqs, max_pre);
@@ -262,7 +273,7 @@ int run(int argc, char** argv) {
                 1e3 * m.e2e_request_latency.percentile(99));
     std::printf("  throughput               %.0f useful tok/s, %.0f processed tok/s, %ld steps in %.2f s (%s)\n",
                 m.generation_tokens_total / wall, m.computed_tokens_total / wall, m.num_steps, wall, pkv::to_string(opt.device));
-    if (opt.device != pkv::Device::kCpu) {
+    if (opt.device != pkv::Device::kCpu && !sim) {
         // The same workload on the CPU, for the figure beside it (and a check:
         // the tokens must be the same; greedy argmax of float32 logits can
         // only differ on a near-tie, which we would report).

@@ -62,8 +62,22 @@ struct ForwardBatch {
     std::vector<uint64_t> logits_seed;         // [num_logits]
     std::vector<int32_t> logits_output_index;  // [num_logits]
 
+    // False for a runner that never reads block tables (the simulated GPU,
+    // ModelRunner::needs_block_tables): rows are then not stored, which saves
+    // copying batch x table-length ids every step of a large simulation.
+    bool with_tables = true;
+
     int num_tokens() const { return (int)token_ids.size(); }
-    int num_seqs() const { return max_blocks_per_seq ? (int)block_tables.size() / max_blocks_per_seq : 0; }
+    int num_seqs() const { return num_seqs_; }
+
+    // Optional, before the first add_sequence: the batch will hold `seqs`
+    // sequences whose tables are at most `width` blocks long. Rows then never
+    // need widening (repad), which matters for batches of hundreds.
+    void reserve(int seqs, int width) {
+        if (!with_tables || num_seqs_ > 0) return;
+        max_blocks_per_seq = std::max(max_blocks_per_seq, width);
+        block_tables.reserve((size_t)seqs * max_blocks_per_seq);
+    }
 
     // Append `n` tokens of one sequence that start at position `first_pos`.
     // `table` must already cover positions up to first_pos + n - 1. With
@@ -74,15 +88,16 @@ struct ForwardBatch {
                       bool want_logits) {
         if (blocks_for_tokens((int64_t)first_pos + n, block_size) > (int64_t)table.size())
             throw std::logic_error("add_sequence: block table too short for its tokens");
-        const int seq = num_seqs();
-        if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
-        block_tables.resize(block_tables.size() + max_blocks_per_seq, -1);
-        std::copy(table.begin(), table.end(), block_tables.end() - max_blocks_per_seq);
-        const int32_t* row = block_tables.data() + (size_t)seq * max_blocks_per_seq;
+        const int seq = num_seqs_++;
+        if (with_tables) {
+            if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
+            block_tables.resize(block_tables.size() + max_blocks_per_seq, -1);
+            std::copy(table.begin(), table.end(), block_tables.end() - max_blocks_per_seq);
+        }
         for (int i = 0; i < n; ++i) {
             token_ids.push_back(tokens[i]);
             positions.push_back(first_pos + i);
-            slot_mapping.push_back(slot_of(row, first_pos + i, block_size));
+            slot_mapping.push_back(slot_of(table.data(), first_pos + i, block_size));
             token_seq.push_back(seq);
         }
         if (want_logits) logits_indices.push_back(num_tokens() - 1);
@@ -92,13 +107,14 @@ private:
     // Widen every row to `width` columns (a longer table arrived). vLLM
     // avoids the copy with a table as wide as max_model_len can ever need.
     void repad(int width) {
-        const int rows = num_seqs();
+        const int rows = num_seqs_ - 1;  // the rows stored so far (the new one is counted already)
         std::vector<int32_t> wide((size_t)rows * width, -1);
         for (int r = 0; r < rows; ++r)
             std::copy_n(block_tables.begin() + (size_t)r * max_blocks_per_seq, max_blocks_per_seq, wide.begin() + (size_t)r * width);
         block_tables.swap(wide);
         max_blocks_per_seq = width;
     }
+    int num_seqs_ = 0;
 };
 
 // ============================================================================

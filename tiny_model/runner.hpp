@@ -136,6 +136,8 @@ struct ModelRunner {
     // the sampled tokens. It fills ForwardBatch::logits_seed and
     // logits_output_index for such a runner.
     virtual bool produces_tokens() const { return false; }
+    // False for a runner that never reads the batch's block tables.
+    virtual bool needs_block_tables() const { return true; }
     // The modelled duration, in seconds, of everything since the last call
     // (swaps and forward passes), for a runner whose time is modelled; < 0
     // for a real one. The engine advances its clock by it (Clock::advance).

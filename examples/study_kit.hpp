@@ -1,0 +1,478 @@
+// examples/study_kit.hpp -- what every study shares: a device to run on (this
+// CPU, or a simulated GPU), a scenario (engine knobs + traffic, on one engine
+// or several behind a router), one measured run of it, and the claims and
+// verdicts a study reports. examples/studies.hpp holds the studies,
+// examples/study.cpp the driver (`build/study NAME`).
+//
+// Time. Every engine gets its own DeviceClock. On the CPU it is the CPU time
+// the engine's thread spends in steps (one thread: the driver sets OpenMP to
+// one): it runs while a step runs and stands still between steps, so an idle
+// gap before the next arrival is skipped, not waited for, and another
+// program competing for the machine does not count -- on a shared 2-core
+// machine wall time mostly measures the neighbours, and conclusions built on
+// it flip from run to run. On the simulated GPU it moves only by the
+// modelled duration of each step (Clock::advance). Arrival times, latencies
+// and throughputs are all in these device seconds, so the same study reads
+// the same on both devices.
+//
+// Latencies are measured here, from the event stream, against each
+// request's true arrival time: an engine only looks at new requests between
+// steps, so a request that arrives while a step runs waits for its end, and
+// that wait belongs in its time to first token.
+//
+// Sections: 1. the device  2. scenarios  3. one measured run (several replicas
+// and a router included)  4. claims and verdicts  5. output: tables and JSON.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "examples/traffic.hpp"
+#include "examples/workload.hpp"
+#include "sim_runner.hpp"
+#include "tiny_model/devices.hpp"
+#include "tiny_model/tokenizer.hpp"
+
+namespace study {
+
+// ============================================================================
+// 1. The device
+// ============================================================================
+
+// Where a study runs: this CPU with the built-in model (measured), or a
+// simulated GPU running a model preset (modelled: cost_model.hpp).
+struct Env {
+    pkv::Device device = pkv::Device::kCpu;
+    std::string gpu = "h200", model = "llama-3-8b", pcie;  // the sim's presets ("" pcie = the GPU's own)
+    pkv::CostParams cost;                                  // the sim's cost parameters
+    double pcie_bw_override = 0;                           // > 0: replaces the link's bandwidth (bytes/s)
+    const pkv::ModelAndTokenizer* cpu_model = nullptr;     // the CPU's model (the built-in one)
+    // The `cpu` preset (sim_runner.hpp section 2), measured on this machine
+    // for the built-in model: set when the sim should model this CPU.
+    const pkv::SimConfig* measured = nullptr;
+
+    bool sim() const { return device == pkv::Device::kSim; }
+    std::string describe() const {
+        if (!sim()) return "cpu (this machine, built-in model, one thread, measured CPU time)";
+        if (measured) return "sim (the `cpu` preset: this machine's rates, measured for the built-in model; modelled time)";
+        const pkv::SimConfig s = sim_config_for(pcie);
+        char b[200];
+        std::snprintf(b, sizeof b, "sim (%s + %s, %s PCIe at %.0f GB/s, modelled time)", gpu.c_str(), model.c_str(),
+                      (pcie.empty() ? pkv::find_preset(pkv::gpu_presets(), gpu, "GPU preset").pcie : pcie).c_str(), s.hw.pcie_bw / 1e9);
+        return b;
+    }
+    const pkv::Config& shape() const {
+        if (measured) return measured->model.shape;
+        return sim() ? pkv::find_preset(pkv::model_presets(), model, "model preset").shape : cpu_model->model.cfg;
+    }
+    // The sim's configuration with the PCIe link `link` ("" = the env's).
+    pkv::SimConfig sim_config_for(const std::string& link) const {
+        if (measured) return *measured;  // this machine: its "link" is a memcpy, measured too
+        pkv::SimConfig s = pkv::sim_config(gpu, model, link.empty() ? pcie : link);
+        s.cost = cost;
+        if (pcie_bw_override > 0) s.hw.pcie_bw = pcie_bw_override;
+        return s;
+    }
+};
+
+// ============================================================================
+// 2. Scenarios
+// ============================================================================
+
+enum class Router { kRoundRobin, kLeastKv };
+inline const char* to_string(Router r) { return r == Router::kRoundRobin ? "round-robin" : "least-KV-usage"; }
+
+// One configuration a study runs: engine knobs (per replica) and traffic.
+struct Scenario {
+    std::string name;
+    int num_blocks = 0;  // 0 = the device's whole pool (the sim: vLLM's rule); the CPU needs a number
+    int block_size = 16, max_num_seqs = 16, max_num_batched_tokens = 256, max_model_len = 0, max_waiting = 0;
+    bool prefix_caching = false;
+    pkv::Admission admission = pkv::Admission::kBet;
+    pkv::Victim victim = pkv::Victim::kNewest;
+    pkv::Preemption preemption = pkv::Preemption::kRecompute;
+    int swap_space_blocks = 0;
+    pkv::KVDtype kv_dtype = pkv::KVDtype::kF32;  // the CPU's cache type; the sim uses its model's, unless kv_bytes_override
+    int kv_bytes_override = 0;                   // the sim: serve the KV cache with this many bytes per element (1 = FP8)
+    std::string pcie;                            // the sim: this link instead of the env's ("" = the env's)
+    int replicas = 1;
+    Router router = Router::kRoundRobin;
+    Traffic traffic;
+};
+
+// ============================================================================
+// 3. One measured run
+// ============================================================================
+
+// An engine's time: this thread's CPU time in steps on the CPU, modelled time
+// on the sim.
+struct DeviceClock : pkv::Clock {
+    double t = 0;        // device seconds when the current step began (or now, between steps)
+    bool real = true;    // CPU: add the CPU time a step takes
+    bool in_step = false;
+    double wall0 = 0;
+    static double wall() {
+        timespec ts{};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    }
+    double now() override { return real && in_step ? t + (wall() - wall0) : t; }
+    void advance(double seconds) override { t += seconds; }
+    void begin_step() {
+        in_step = true;
+        wall0 = wall();
+    }
+    void end_step() {
+        if (real) t += wall() - wall0;
+        in_step = false;
+    }
+};
+
+struct Measurement {
+    int requests = 0, finished = 0, rejected = 0, failed = 0;
+    long preemptions = 0, useful_tokens = 0, prompt_tokens = 0, recomputed_tokens = 0, computed_tokens = 0, engine_steps = 0;
+    int preempted_requests = 0, max_preemptions = 0;
+    double makespan_s = 0;  // device seconds until the last request ended
+    double busy_s = 0;      // device seconds spent in steps (all replicas)
+    double peak_kv = 0, mean_kv = 0;          // KV usage 0..1: peak, and averaged over steps
+    double full_fraction = 0;                 // fraction of steps that ended with the pool at >= 99%
+    double mean_running = 0;
+    int peak_running = 0, peak_waiting = 0;
+    long swap_outs = 0, swap_ins = 0, swap_fallbacks = 0, swap_out_bytes = 0, swap_in_bytes = 0;
+    long prefix_cache_hits = 0;
+    pkv::LatencySamples itl, ttft, e2e, reject_latency;  // device seconds
+    std::vector<double> done_s;                           // completion times, sorted
+    // A time series, one point per step (of any replica): for "over time" views.
+    struct Point {
+        double t;
+        long useful, computed, preemptions;
+        double kv;
+    };
+    std::vector<Point> series;
+    // Preemption bookkeeping for the mechanism checks: tokens a victim had
+    // computed when it was preempted (what a recompute must redo).
+    long victim_tokens = 0;
+
+    double useful_tok_per_s() const { return makespan_s > 0 ? useful_tokens / makespan_s : 0; }
+    double processed_tok_per_s() const { return makespan_s > 0 ? computed_tokens / makespan_s : 0; }
+    double busy_fraction() const { return makespan_s > 0 ? busy_s / makespan_s : 0; }
+    int completed_by(double t) const { return (int)(std::upper_bound(done_s.begin(), done_s.end(), t) - done_s.begin()); }
+};
+
+// Optional hook: every event of every replica, with the replica's index.
+using EventHook = std::function<void(int replica, const pkv::StreamEvent&, pkv::Engine&)>;
+
+struct Replica {
+    std::unique_ptr<DeviceClock> clock;
+    std::unique_ptr<pkv::Engine> engine;
+    std::vector<int> global_id;  // [engine request id] -> request index in the traffic
+};
+
+inline pkv::EngineConfig engine_config_of(const Scenario& sc) {
+    pkv::EngineConfig ec;
+    ec.num_blocks = sc.num_blocks;
+    ec.block_size = sc.block_size;
+    ec.enable_prefix_caching = sc.prefix_caching;
+    ec.sched.max_num_seqs = sc.max_num_seqs;
+    ec.sched.max_num_batched_tokens = sc.max_num_batched_tokens;
+    ec.sched.max_model_len = sc.max_model_len;
+    ec.sched.max_waiting = sc.max_waiting;
+    ec.sched.admission = sc.admission;
+    ec.sched.victim = sc.victim;
+    ec.sched.preemption = sc.preemption;
+    ec.sched.swap_space_blocks = sc.swap_space_blocks;
+    ec.kv_dtype = sc.kv_dtype;
+    ec.log_interval_s = 0;
+    return ec;
+}
+
+// One replica: an engine on the env's device, with its own clock.
+inline Replica make_replica(const Env& env, const Scenario& sc) {
+    Replica r;
+    r.clock = std::make_unique<DeviceClock>();
+    pkv::EngineConfig ec = engine_config_of(sc);
+    std::unique_ptr<pkv::ModelRunner> runner;
+    if (env.sim()) {
+        pkv::SimConfig s = env.sim_config_for(sc.pcie);
+        if (sc.kv_bytes_override > 0) s.model.kv_bytes = sc.kv_bytes_override;
+        else if (sc.kv_dtype != pkv::KVDtype::kF32) s.model.kv_bytes = pkv::kv_dtype_bytes(sc.kv_dtype);
+        s.max_num_batched_tokens = sc.max_num_batched_tokens;
+        s.max_num_seqs = sc.max_num_seqs;
+        auto sr = std::make_unique<pkv::SimRunner>(s);
+        ec.kv_dtype = pkv::kv_dtype_of(s.model);
+        if (sc.num_blocks == 0) ec.kv_cache_bytes = sr->memory_for_kv_cache();
+        runner = std::move(sr);
+        r.clock->real = false;
+    } else {
+        if (sc.num_blocks == 0) throw std::invalid_argument("a CPU scenario needs num_blocks");
+        if (!sc.pcie.empty() || sc.kv_bytes_override) throw std::invalid_argument("PCIe and KV byte overrides are for the sim");
+        runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model);
+    }
+    r.engine = std::make_unique<pkv::Engine>(std::move(runner), ec, r.clock.get());
+    return r;
+}
+
+// Runs `sc` to the end on `env` and measures it. With several replicas a
+// router sends each arriving request to one of them, looking at the
+// replicas' state at the arrival time; the replicas run side by side in
+// device time (the one furthest behind steps next).
+inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& hook = {}) {
+    const pkv::Config& shape = env.shape();
+    const std::vector<PlannedRequest> plan = plan_traffic(sc.traffic, shape.vocab_size);
+    const int R = (int)plan.size();
+    Measurement out;
+    out.requests = R;
+    std::vector<Replica> reps;
+    for (int k = 0; k < std::max(1, sc.replicas); ++k) reps.push_back(make_replica(env, sc));
+    std::vector<double> last_token(R, -1.0);
+    std::vector<char> ended(R, 0);
+    for (int k = 0; k < (int)reps.size(); ++k) {
+        Replica& rep = reps[(size_t)k];
+        rep.engine->on_event = [&, k](const pkv::StreamEvent& e) {
+            const int g = reps[(size_t)k].global_id.at((size_t)e.request_id);
+            const double a = plan[(size_t)g].arrival_s;
+            switch (e.type) {
+                case pkv::EventType::kToken:
+                    if (last_token[(size_t)g] < 0) out.ttft.add(e.time - a);
+                    else out.itl.add(e.time - last_token[(size_t)g]);
+                    last_token[(size_t)g] = e.time;
+                    break;
+                case pkv::EventType::kFinished:
+                    ended[(size_t)g] = 1;
+                    if (e.reason == pkv::FinishReason::kError) out.failed++;
+                    else if (e.reason != pkv::FinishReason::kAborted) {
+                        out.e2e.add(e.time - a);
+                        out.done_s.push_back(e.time);
+                    }
+                    break;
+                case pkv::EventType::kRejected:
+                    ended[(size_t)g] = 1;
+                    out.reject_latency.add(std::max(0.0, e.time - a));
+                    break;
+                case pkv::EventType::kPreempted:
+                    out.victim_tokens += reps[(size_t)k].engine->request(e.request_id)->num_computed_high_water;
+                    break;
+                case pkv::EventType::kResumed: break;
+            }
+            if (hook) hook(k, e, *reps[(size_t)k].engine);
+        };
+    }
+    int rr = 0;  // the round-robin cursor
+    auto route = [&]() -> int {
+        if (reps.size() == 1) return 0;
+        if (sc.router == Router::kRoundRobin) return rr++ % (int)reps.size();
+        int best = 0;  // least KV usage; ties: fewer waiting, then the lower index
+        for (int k = 1; k < (int)reps.size(); ++k) {
+            const pkv::Metrics& a = reps[(size_t)k].engine->metrics();
+            const pkv::Metrics& b = reps[(size_t)best].engine->metrics();
+            const double ua = reps[(size_t)k].engine->pool().kv_cache_usage_perc(), ub = reps[(size_t)best].engine->pool().kv_cache_usage_perc();
+            if (ua < ub || (ua == ub && a.num_requests_waiting < b.num_requests_waiting)) best = k;
+        }
+        return best;
+    };
+    long steps = 0;
+    double kv_sum = 0, running_sum = 0, full_steps = 0;
+    int next = 0;
+    const long max_steps = 50000000;
+    while (true) {
+        // The busy replica furthest behind in device time steps next, unless
+        // a request arrives before it.
+        int k_min = -1;
+        for (int k = 0; k < (int)reps.size(); ++k)
+            if (reps[(size_t)k].engine->has_unfinished() && (k_min < 0 || reps[(size_t)k].clock->t < reps[(size_t)k_min].clock->t)) k_min = k;
+        if (next < R && (k_min < 0 || plan[(size_t)next].arrival_s <= reps[(size_t)k_min].clock->t)) {
+            const int k = route();
+            Replica& rep = reps[(size_t)k];
+            // An idle replica waits for the arrival; a busy one sees it at
+            // its next step boundary (its clock may be past the arrival).
+            if (!rep.engine->has_unfinished()) rep.clock->t = std::max(rep.clock->t, plan[(size_t)next].arrival_s);
+            rep.global_id.push_back(next);
+            rep.engine->add_request(plan[(size_t)next].prompt, plan[(size_t)next].params);
+            ++next;
+            continue;
+        }
+        if (k_min < 0) break;  // nothing left anywhere
+        Replica& rep = reps[(size_t)k_min];
+        const double t0 = rep.clock->t;
+        rep.clock->begin_step();
+        rep.engine->step();
+        rep.clock->end_step();
+        out.busy_s += rep.clock->t - t0;
+        if (++steps > max_steps) throw std::runtime_error("measure: too many steps (a scheduler that makes no progress?)");
+        // The whole fleet's view after this step.
+        double kv = 0;
+        int running = 0, waiting = 0;
+        long useful = 0, computed = 0, pre = 0;
+        for (const Replica& r : reps) {
+            const pkv::Metrics& m = r.engine->metrics();
+            kv += r.engine->pool().kv_cache_usage_perc();
+            running += m.num_requests_running;
+            waiting += m.num_requests_waiting;
+            useful += m.generation_tokens_total;
+            computed += m.computed_tokens_total;
+            pre += m.num_preemptions_total;
+        }
+        kv /= (double)reps.size();
+        kv_sum += kv;
+        running_sum += running;
+        full_steps += kv >= 0.99;
+        out.peak_kv = std::max(out.peak_kv, kv);
+        out.peak_running = std::max(out.peak_running, running);
+        out.peak_waiting = std::max(out.peak_waiting, waiting);
+        out.series.push_back({rep.clock->t, useful, computed, pre, kv});
+    }
+    out.engine_steps = steps;
+    if (steps > 0) {
+        out.mean_kv = kv_sum / steps;
+        out.mean_running = running_sum / steps;
+        out.full_fraction = full_steps / steps;
+    }
+    std::sort(out.done_s.begin(), out.done_s.end());
+    std::sort(out.series.begin(), out.series.end(), [](const Measurement::Point& a, const Measurement::Point& b) { return a.t < b.t; });
+    for (const Replica& r : reps) {
+        const pkv::Metrics& m = r.engine->metrics();
+        out.finished += (int)m.num_requests_finished;
+        out.rejected += (int)m.num_requests_rejected;
+        out.preemptions += m.num_preemptions_total;
+        out.useful_tokens += m.generation_tokens_total;
+        out.prompt_tokens += m.prompt_tokens_total;
+        out.recomputed_tokens += m.recomputed_tokens_total;
+        out.computed_tokens += m.computed_tokens_total;
+        out.swap_outs += m.num_swap_outs;
+        out.swap_ins += m.num_swap_ins;
+        out.swap_fallbacks += m.num_swap_fallbacks;
+        out.swap_out_bytes += m.swap_out_bytes;
+        out.swap_in_bytes += m.swap_in_bytes;
+        out.prefix_cache_hits += m.prefix_cache_hits;
+        out.makespan_s = std::max(out.makespan_s, r.clock->t);
+        for (int id = 0; id < r.engine->scheduler().num_requests(); ++id) {
+            const int p = r.engine->request(id)->num_preemptions;
+            out.preempted_requests += p > 0;
+            out.max_preemptions = std::max(out.max_preemptions, p);
+        }
+    }
+    for (int g = 0; g < R; ++g)
+        if (!ended[(size_t)g]) throw std::logic_error("measure: request " + std::to_string(g) + " never ended");
+    return out;
+}
+
+// ============================================================================
+// 4. Claims and verdicts
+// ============================================================================
+
+// The thirteen claims the tutorial makes about a KV cache that runs out of
+// blocks (the "At scale" issue lists them). A study names the ones it tests.
+inline const std::vector<std::pair<std::string, std::string>>& claims() {
+    static const std::vector<std::pair<std::string, std::string>> v = {
+        {"C1", "admitting on blocks needed now beats reserving for the whole sequence"},
+        {"C2", "an allocation failure is a designed-for event, not a crash"},
+        {"C3", "preempting the newest first completes more work than slowing everyone uniformly"},
+        {"C4", "the victim goes to the front of the queue and resumes when blocks free"},
+        {"C5", "recompute costs one prefill of the current length, and prefix caching serves part of it"},
+        {"C6", "swap pays PCIe both ways and its host buffer fills; it wins only for very long sequences and loses where PCIe is scarcer"},
+        {"C7", "the client sees a pause, a p99 inter-token-latency cliff"},
+        {"C8", "recompute does more total work per completed request"},
+        {"C9", "shedding at the edge gives fast, retryable failures instead of unbounded stalls"},
+        {"C10", "the signals: a nonzero preemption counter, cache usage pinned at the ceiling, ITL p99 far above the median"},
+        {"C11", "sustained preemption is thrash: the device stays busy while useful throughput drops"},
+        {"C12", "the fixes in order of bluntness: cap concurrency, cap generation length, free or quantize cache memory, add replicas"},
+        {"C13", "raising concurrency while preemptions climb makes throughput worse"},
+    };
+    return v;
+}
+inline const std::string& claim_text(const std::string& id) {
+    for (const auto& c : claims())
+        if (c.first == id) return c.second;
+    throw std::invalid_argument("no claim " + id);
+}
+
+enum class Verdict { kSupported, kContradicted, kMixed, kNotShown };
+inline const char* to_string(Verdict v) {
+    switch (v) {
+        case Verdict::kSupported: return "supported";
+        case Verdict::kContradicted: return "contradicted";
+        case Verdict::kMixed: return "mixed";
+        case Verdict::kNotShown: return "not shown";
+    }
+    return "?";
+}
+
+// One claim's verdict and the numbers behind it.
+struct ClaimVerdict {
+    std::string claim;
+    Verdict verdict;
+    std::string because;
+};
+// The overall verdict of several: all agree -> that; otherwise mixed (not
+// shown only when nothing was shown).
+inline Verdict combine(const std::vector<ClaimVerdict>& v) {
+    bool all_sup = true, all_con = true, any_shown = false;
+    for (const ClaimVerdict& c : v) {
+        if (c.verdict == Verdict::kNotShown) continue;
+        any_shown = true;
+        all_sup = all_sup && c.verdict == Verdict::kSupported;
+        all_con = all_con && c.verdict == Verdict::kContradicted;
+    }
+    if (!any_shown) return Verdict::kNotShown;
+    return all_sup ? Verdict::kSupported : all_con ? Verdict::kContradicted : Verdict::kMixed;
+}
+// A verdict from a test that holds (supported), fails the other way
+// (contradicted), or neither (mixed), with its reason.
+inline ClaimVerdict verdict(const std::string& claim, bool holds, bool opposite, const std::string& because) {
+    return {claim, holds ? Verdict::kSupported : opposite ? Verdict::kContradicted : Verdict::kMixed, because};
+}
+
+// ============================================================================
+// 5. Output: a table, and JSON
+// ============================================================================
+
+struct Table {
+    std::vector<std::string> headers;
+    std::vector<std::vector<std::string>> rows;
+    void print(FILE* out) const {
+        std::vector<size_t> w(headers.size());
+        for (size_t c = 0; c < headers.size(); ++c) w[c] = headers[c].size();
+        for (const auto& r : rows)
+            for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+        auto line = [&](const std::vector<std::string>& cells) {
+            std::string s = " ";
+            for (size_t c = 0; c < headers.size(); ++c) {
+                const std::string cell = c < cells.size() ? cells[c] : "";
+                s += " " + (c == 0 ? cell + std::string(w[c] - cell.size(), ' ') : std::string(w[c] - cell.size(), ' ') + cell);
+            }
+            std::fprintf(out, "%s\n", s.c_str());
+        };
+        line(headers);
+        for (const auto& r : rows) line(r);
+    }
+    std::string json() const {
+        std::vector<std::string> rs;
+        for (const auto& r : rows) {
+            Json j;
+            for (size_t c = 0; c < headers.size() && c < r.size(); ++c) j.str(headers[c], r[c]);
+            rs.push_back(j.dump());
+        }
+        return Json::array(rs);
+    }
+};
+
+// printf into a std::string (table cells).
+template <class... A>
+std::string fmt(const char* f, A... a) {
+    const int n = std::snprintf(nullptr, 0, f, a...);
+    std::string s((size_t)std::max(0, n), '\0');
+    std::snprintf(s.data(), s.size() + 1, f, a...);
+    return s;
+}
+
+}  // namespace study

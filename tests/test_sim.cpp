@@ -1,0 +1,506 @@
+// tests/test_sim.cpp -- the simulated GPU (chapter 5: cost_model.hpp and
+// sim_runner.hpp).
+//
+// What we prove: the roofline of cost_model.hpp gives the very numbers its
+// section 5 works out by hand for a Llama-3-8B decode step on an H200; the KV
+// pool follows vLLM's rule, recomputed here from that rule alone; a model too
+// big for its GPU is refused with a message naming both; swap costs PCIe time
+// (all of it when copies stall, only what exceeds compute when they overlap);
+// a simulated run is deterministic to the last event, preempted or not, and
+// its tokens do not depend on preemption; at production scale (tens of
+// thousands of blocks, thousands of steps, prefix caching and swap) the pool
+// and the swap space stay consistent after every step; and every latency is
+// in simulated seconds, equal to what the cost model says a step takes.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cost_model.hpp"
+#include "engine.hpp"
+#include "examples/traffic.hpp"
+#include "sim_runner.hpp"
+#include "tests/test_util.hpp"
+
+using namespace pkv;
+
+namespace {
+
+// The sanitizer build (`make sanitize`, -O1 with ASan and UBSan) runs the
+// production-scale test on fewer requests; everything else is the same.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// |a - b| <= rel * |b|: the relative tolerance the hand-worked numbers are
+// checked with (they are printed to 4 significant digits).
+bool near_rel(double a, double b, double rel = 1e-3) { return std::fabs(a - b) <= rel * std::fabs(b); }
+
+const ModelSpec& model_preset(const std::string& name) { return find_preset(model_presets(), name, "model preset"); }
+
+// The worked example's batch: `n` requests, each decoding one token with
+// 1024 tokens of context before it.
+std::vector<StepItem> decode_batch(int n, int context_end = 1025) { return std::vector<StepItem>((size_t)n, StepItem{1, context_end}); }
+
+// One event, as a client (plus the lanes) would see it.
+struct Ev {
+    EventType type;
+    int id;
+    double time;
+    int token, output_index;
+    FinishReason reason;
+    bool operator==(const Ev&) const = default;
+};
+
+// How a simulated engine is built and fed (the same recipe as
+// examples/sim_scale.cpp).
+struct SimSetup {
+    std::string gpu = "h200", model = "llama-3-8b";
+    int max_num_seqs = 256, max_num_batched_tokens = 8192;
+    int num_blocks = 0;  // 0 = vLLM's rule (the pool the GPU holds); else exactly this many
+    int max_model_len = 0;
+    bool prefix_caching = false;
+    Preemption preemption = Preemption::kRecompute;
+    int swap_space_blocks = 0;
+    bool check_every_step = false;  // Engine::check_invariants() after every step
+    int max_steps = 200000;
+};
+
+struct SimResult {
+    std::vector<Ev> events;
+    Metrics metrics;
+    std::vector<std::vector<int32_t>> outputs;  // [request] output tokens
+    std::vector<FinishReason> reasons;          // [request]
+    std::vector<int> prompt_lens;               // [request]
+    std::vector<uint64_t> seeds;                // [request]
+    std::vector<int> max_tokens;                // [request]
+    int num_blocks = 0, max_model_len = 0, vocab = 0, steps = 0;
+    double sim_seconds = 0;
+};
+
+// Runs `traffic` on a simulated engine: each request is added once the
+// virtual clock reaches its arrival time (between steps), and an idle engine
+// jumps the clock to the next arrival.
+SimResult run_sim(const study::Traffic& traffic, const SimSetup& s) {
+    SimConfig sc = sim_config(s.gpu, s.model);
+    sc.max_num_batched_tokens = s.max_num_batched_tokens;
+    sc.max_num_seqs = s.max_num_seqs;
+    auto runner = std::make_unique<SimRunner>(sc);
+    EngineConfig ec;
+    ec.block_size = 16;
+    ec.kv_dtype = kv_dtype_of(sc.model);
+    if (s.num_blocks > 0) {
+        ec.num_blocks = s.num_blocks;
+        ec.kv_cache_bytes = 0;
+    } else {
+        ec.kv_cache_bytes = runner->memory_for_kv_cache();
+    }
+    ec.enable_prefix_caching = s.prefix_caching;
+    ec.sched.max_num_seqs = s.max_num_seqs;
+    ec.sched.max_num_batched_tokens = s.max_num_batched_tokens;
+    ec.sched.max_model_len = s.max_model_len;
+    ec.sched.preemption = s.preemption;
+    ec.sched.swap_space_blocks = s.swap_space_blocks;
+    ec.log_interval_s = 0;
+    VirtualClock clock;
+    Engine eng(std::move(runner), ec, &clock);
+
+    SimResult r;
+    r.num_blocks = eng.config().num_blocks;
+    r.max_model_len = eng.config().sched.max_model_len;
+    r.vocab = eng.model().vocab_size;
+    eng.on_event = [&](const StreamEvent& e) {
+        r.events.push_back({e.type, e.request_id, e.time, e.token, e.output_index, e.reason});
+    };
+    const std::vector<study::PlannedRequest> plan = study::plan_traffic(traffic, r.vocab);
+    size_t next = 0;
+    while (next < plan.size() || eng.has_unfinished()) {
+        while (next < plan.size() && clock.t >= plan[next].arrival_s) {
+            const int id = eng.add_request(plan[next].prompt, plan[next].params);
+            REQUIRE(id == (int)next);
+            REQUIRE_MESSAGE(!eng.request(id)->finished(), "request " << id << " rejected: " << eng.request(id)->reject_reason);
+            ++next;
+        }
+        if (!eng.has_unfinished()) {
+            clock.t = plan[next].arrival_s;  // idle: nothing happens until the next arrival
+            continue;
+        }
+        eng.step();
+        ++r.steps;
+        if (s.check_every_step) {
+            const std::string inv = eng.check_invariants();
+            REQUIRE_MESSAGE(inv.empty(), "step " << r.steps << ": " << inv);
+        }
+        REQUIRE(r.steps < s.max_steps);
+    }
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const Request* q = eng.request((int)i);
+        r.outputs.emplace_back(q->tokens.begin() + q->num_prompt_tokens, q->tokens.end());
+        r.reasons.push_back(q->finish_reason);
+        r.prompt_lens.push_back(q->num_prompt_tokens);
+        r.seeds.push_back(q->params.seed);
+        r.max_tokens.push_back(q->params.max_tokens);
+    }
+    r.metrics = eng.metrics();
+    r.sim_seconds = clock.t;
+    // Nothing leaks: every block and every swap slot is free again.
+    CHECK(eng.pool().num_free_blocks() == r.num_blocks);
+    CHECK(eng.scheduler().swap_space().in_use() == 0);
+    CHECK(eng.check_invariants() == "");
+    return r;
+}
+
+// Chat-like traffic (ShareGPT means) with Poisson arrivals.
+study::Traffic poisson_chat(int requests, double rate, int max_prompt, int max_output, uint64_t seed) {
+    study::Traffic t = study::chat_like(requests, max_prompt, max_output);
+    t.arrivals.kind = study::Arrivals::Kind::kPoisson;
+    t.arrivals.rate = rate;
+    t.seed = seed;
+    return t;
+}
+
+long sum_outputs(const SimResult& r) {
+    long n = 0;
+    for (const auto& o : r.outputs) n += (long)o.size();
+    return n;
+}
+
+}  // namespace
+
+TEST_SUITE("sim") {
+
+// Proves step_cost reproduces cost_model.hpp section 5's hand-worked Llama-3-8B decode step on an H200, phase by phase, and the model sizes it rests on.
+TEST_CASE("the worked H200 decode step of cost_model.hpp section 5") {
+    const ModelSpec& m = model_preset("llama-3-8b");
+    const SimConfig sc = sim_config("h200", "llama-3-8b");
+    // Sizes: 218.10M linear parameters per layer x 32, 8.03B in all (the
+    // model card's number), 128 KiB of K and V per token.
+    CHECK(near_rel(layer_params(m.shape), 6.979e9));
+    CHECK(layer_params(m.shape) == 32.0 * 218103808.0);
+    CHECK(near_rel(total_params(m.shape), 8.03e9));
+    CHECK(kv_bytes_per_token(m) == 131072.0);
+    // Llama-2-7B: 32 KV heads instead of 8 (MHA, not GQA), so exactly 4x the KV bytes.
+    CHECK(kv_bytes_per_token(model_preset("llama-2-7b")) == 4.0 * kv_bytes_per_token(m));
+
+    const CostParams p;  // the defaults section 5 uses
+    const StepCost s = step_cost(m, sc.hw, p, decode_batch(64), 64, 0.0);
+    CHECK(near_rel(s.linear_bytes, 15.01e9));
+    CHECK(near_rel(s.linear_flops, 960.6e9));
+    CHECK(near_rel(s.linear_s, 3.909e-3));
+    CHECK(s.linear_memory_bound);
+    CHECK(near_rel(s.attention_bytes, 8.607e9));
+    CHECK(near_rel(s.attention_flops, 34.39e9));
+    CHECK(near_rel(s.attention_s, 2.241e-3));
+    CHECK(s.attention_memory_bound);
+    CHECK(s.overhead_s == 1e-3);
+    CHECK(s.swap_s == 0.0);
+    CHECK(near_rel(s.total_s, 7.150e-3));
+    // The same step at batch 1: 1 + 3.909 + 0.035 ms.
+    const StepCost one = step_cost(m, sc.hw, p, decode_batch(1), 1, 0.0);
+    CHECK(near_rel(one.total_s, 4.94e-3));
+    CHECK(near_rel(one.linear_s, s.linear_s, 1e-12));  // the weights cost the same at any decode batch
+    CHECK(one.linear_memory_bound);
+}
+
+// Proves the KV pool is vLLM's rule (utilization x memory - weights - activation reserve, in whole blocks), recomputed here from the rule, and that the engine builds exactly that pool.
+TEST_CASE("KV pool sizing follows vLLM's rule") {
+    const ModelSpec& m = model_preset("llama-3-8b");
+    const GpuSpec& g = find_preset(gpu_presets(), "h200", "GPU preset");
+    const KVPoolSize k = kv_pool_size(m, g.memory_bytes, 0.9, 16, 8192, 256);
+    // The rule, written out: weights are every parameter in BF16; the reserve
+    // is 1 GiB + one chunk's hidden states (BF16) + one logits row per sequence (f32).
+    const double weights = 8030261248.0 * 2;  // total parameters of Llama-3-8B, BF16
+    CHECK(near_rel(total_params(m.shape), 8030261248.0, 1e-9));
+    const double reserve = 1024.0 * 1024 * 1024 + 8192.0 * (4 * 4096 + 2 * 14336) * 2 + 256.0 * 128256 * 4;
+    const double budget = 0.9 * 141e9 - weights - reserve;
+    const int64_t blocks = (int64_t)std::floor(budget / (16.0 * 131072));
+    CHECK(near_rel(k.weight_bytes, weights, 1e-9));
+    CHECK(near_rel(k.reserve_bytes, reserve, 1e-9));
+    CHECK(near_rel(k.kv_budget_bytes, budget, 1e-9));
+    CHECK(k.block_bytes == 2097152.0);
+    CHECK(k.num_blocks == blocks);
+    CHECK(k.num_blocks > 10000);  // tens of thousands
+    CHECK(k.num_blocks < 100000);
+    // The engine turns SimRunner's byte budget into the same pool.
+    SimConfig sc = sim_config("h200", "llama-3-8b");
+    sc.max_num_batched_tokens = 8192;
+    sc.max_num_seqs = 256;
+    auto runner = std::make_unique<SimRunner>(sc);
+    EngineConfig ec;
+    ec.block_size = 16;
+    ec.kv_dtype = kv_dtype_of(sc.model);
+    ec.kv_cache_bytes = runner->memory_for_kv_cache();
+    ec.sched.max_num_seqs = 256;
+    ec.sched.max_num_batched_tokens = 8192;
+    ec.log_interval_s = 0;
+    VirtualClock clock;
+    Engine eng(std::move(runner), ec, &clock);
+    CHECK(eng.config().num_blocks == blocks);
+    CHECK(eng.block_bytes() == 2097152u);
+    CHECK(eng.config().sched.max_model_len == 8192);  // the model's context: the pool holds it many times over
+    // A lower utilization gives a smaller pool, by exactly the memory taken away.
+    const KVPoolSize half = kv_pool_size(m, g.memory_bytes, 0.5, 16, 8192, 256);
+    CHECK(near_rel(k.kv_budget_bytes - half.kv_budget_bytes, 0.4 * 141e9, 1e-9));
+}
+
+// Proves a model whose weights exceed utilization x memory is refused at SimRunner construction with std::invalid_argument naming the model and the GPU.
+TEST_CASE("a model that does not fit its GPU is refused, by name") {
+    // Llama-3-8B's weights are 16.06 GB in BF16; half of an L4's 24 GB is 12 GB.
+    SimConfig sc = sim_config("l4", "llama-3-8b");
+    sc.memory_utilization = 0.5;
+    CHECK(total_params(sc.model.shape) * sc.model.weight_bytes > 0.5 * 24e9);
+    std::string msg;
+    try {
+        SimRunner r(sc);
+    } catch (const std::invalid_argument& e) {
+        msg = e.what();
+    }
+    CAPTURE(msg);
+    CHECK(msg.find("llama-3-8b") != std::string::npos);
+    CHECK(msg.find("l4") != std::string::npos);
+    // At 0.9 (21.6 GB) the weights fit, and a small pool is left.
+    sc.memory_utilization = 0.9;
+    SimRunner fits(sc);
+    CHECK(fits.memory_for_kv_cache() > 0);
+    CHECK(fits.memory_for_kv_cache() < 6e9);
+    // Unknown presets name the known ones.
+    CHECK_THROWS_AS(sim_config("h300", "llama-3-8b"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sim_config("h200", "llama-4"), doctest::Contains("llama-3-8b"), std::invalid_argument);
+}
+
+// Proves swap copies cost bytes / PCIe bandwidth on top of compute when they stall the step, and only the part exceeding compute when they overlap it.
+TEST_CASE("swap cost: stalled or overlapped with compute") {
+    const ModelSpec& m = model_preset("llama-3-8b");
+    const SimConfig sc = sim_config("h200", "llama-3-8b");
+    REQUIRE(sc.hw.pcie_bw == 50e9);  // the H200's own link: PCIe Gen5
+    CostParams stall;
+    stall.swap_stalls = true;
+    CostParams overlap = stall;
+    overlap.swap_stalls = false;
+    const StepCost none = step_cost(m, sc.hw, stall, decode_batch(64), 64, 0.0);
+    const double compute = none.linear_s + none.attention_s;
+    for (double bytes : {1e8, 1e9}) {  // 2 ms: less than compute (6.15 ms); 20 ms: more
+        CAPTURE(bytes);
+        const double t = bytes / 50e9;
+        const StepCost s = step_cost(m, sc.hw, stall, decode_batch(64), 64, bytes);
+        CHECK(near_rel(s.swap_s, t, 1e-12));
+        CHECK(near_rel(s.total_s, none.total_s + t, 1e-12));
+        const StepCost o = step_cost(m, sc.hw, overlap, decode_batch(64), 64, bytes);
+        const double extra = std::max(0.0, t - compute);
+        CHECK(o.swap_s == doctest::Approx(extra).epsilon(1e-12));
+        CHECK(o.total_s == doctest::Approx(none.total_s + extra).epsilon(1e-12));
+        // The compute phases do not change either way.
+        CHECK(o.linear_s == none.linear_s);
+        CHECK(o.attention_s == none.attention_s);
+    }
+    CHECK(step_cost(m, sc.hw, overlap, decode_batch(64), 64, 1e8).swap_s == 0.0);  // hidden under compute entirely
+    // A step with copies and no tokens is the copies alone, whatever the mode.
+    const StepCost only = step_cost(m, sc.hw, overlap, {}, 0, 1e9);
+    CHECK(only.overhead_s == 0.0);
+    CHECK(near_rel(only.total_s, 0.02, 1e-12));
+    CHECK(near_rel(step_cost(m, sc.hw, stall, {}, 0, 1e9).total_s, 0.02, 1e-12));
+}
+
+// Proves a simulated run is deterministic to the last event (type, id, time, token, output index), with recompute and with swap preemptions, and that its tokens depend only on (seed, output index): identical between an ample pool and a pressured one.
+TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
+    const study::Traffic t = poisson_chat(120, 60.0, 1024, 768, 5);
+    SimSetup ample;
+    ample.max_num_seqs = 64;
+    ample.max_num_batched_tokens = 2048;
+    SimSetup tight = ample;
+    tight.num_blocks = 240;  // 3,840 token slots for up to 64 growing sequences: the pool runs dry
+    SimSetup swap = tight;
+    swap.preemption = Preemption::kSwap;
+    swap.swap_space_blocks = 40;  // room for some victims, not all: swaps and fallbacks
+    SimSetup cached = swap;
+    cached.prefix_caching = true;
+
+    const SimResult a = run_sim(t, ample);
+    CHECK(a.num_blocks > 10000);
+    CHECK(a.metrics.num_preemptions_total == 0);
+    for (const SimSetup* s : {&tight, &swap, &cached}) {
+        const std::string mode = to_string(s->preemption);
+        CAPTURE(mode);
+        CAPTURE(s->prefix_caching);
+        const SimResult r1 = run_sim(t, *s), r2 = run_sim(t, *s);
+        CHECK(r1.num_blocks == 240);
+        CHECK(r1.events.size() > 20000);  // every token of 120 requests, and the preemptions
+        CHECK(r1.metrics.num_preemptions_total > 0);
+        if (s->preemption == Preemption::kSwap) {
+            CHECK(r1.metrics.num_swap_outs > 0);
+            CHECK(r1.metrics.num_swap_fallbacks > 0);
+            CHECK(r1.metrics.swap_out_bytes > 0);
+        }
+        // The same run twice: the very same event stream, times included.
+        REQUIRE(r1.events.size() == r2.events.size());
+        size_t first_diff = r1.events.size();
+        for (size_t i = 0; i < r1.events.size() && first_diff == r1.events.size(); ++i)
+            if (!(r1.events[i] == r2.events[i])) first_diff = i;
+        CHECK_MESSAGE(first_diff == r1.events.size(), "event streams differ at event " << first_diff);
+        CHECK(r1.sim_seconds == r2.sim_seconds);
+        CHECK(r1.steps == r2.steps);
+        // Preemption makes the run slower, never different in content.
+        CHECK(r1.outputs == a.outputs);
+        CHECK(r1.sim_seconds > a.sim_seconds);
+    }
+    // Tokens are SimRunner::sim_token(seed, index), never a special id (0..2),
+    // and every request ran to its max_tokens.
+    int min_token = a.vocab;
+    for (size_t i = 0; i < a.outputs.size(); ++i) {
+        CHECK(a.reasons[i] == FinishReason::kMaxTokens);
+        for (size_t k = 0; k < a.outputs[i].size(); ++k) {
+            min_token = std::min(min_token, (int)a.outputs[i][k]);
+            if (a.outputs[i][k] != SimRunner::sim_token(a.seeds[i], (int)k, a.vocab)) {
+                FAIL_CHECK("request " << i << " output " << k << " is not sim_token(seed, " << k << ")");
+                break;
+            }
+        }
+    }
+    CHECK(min_token >= 3);
+    CHECK(sum_outputs(a) == a.metrics.generation_tokens_total);
+}
+
+// Proves that at production scale (Llama-3-8B on an H200, the real pool of tens of thousands of blocks, thousands of steps of Poisson traffic with prefix caching and swap) the pool and swap space are consistent after every step, every request finishes by a length limit, and the metrics add up.
+TEST_CASE("production scale: invariants after every step") {
+    // Long chat turns (RAG-sized prompts, lognormal like chat_like's), half
+    // of them behind one 200-token system prompt, arriving far faster than
+    // the GPU serves them: admission fills the ~830k-token pool to the brim,
+    // growth then runs it dry, and victims are swapped to a host space that
+    // holds only some of them (the rest are recomputed). max_model_len 4096
+    // cuts the longest requests short. About 1,400 steps (1,200 under the
+    // sanitizers), each followed by a full invariant check: O(blocks), so
+    // this is the slow test of the suite (a few seconds at -O2).
+    const int n = kSanitized ? 600 : 800;
+    study::Traffic t;
+    t.requests = n;
+    t.arrivals.kind = study::Arrivals::Kind::kPoisson;
+    t.arrivals.rate = 800.0;
+    t.prompt = study::LengthDist::lognormal(2000, 0.6, 2, 4000);
+    t.output = study::LengthDist::lognormal(500, 1.0, 1, 1000);
+    t.shared_prefix_fraction = 0.5;
+    t.shared_prefix_len = 200;
+    t.seed = 11;
+    SimSetup s;
+    s.max_num_seqs = 512;
+    s.max_num_batched_tokens = 8192;
+    s.max_model_len = 4096;
+    s.prefix_caching = true;
+    s.preemption = Preemption::kSwap;
+    s.swap_space_blocks = 120;  // 240 MiB: one long victim, or a few short ones
+    s.check_every_step = true;
+    const SimResult r = run_sim(t, s);
+    INFO("production scale: " << r.num_blocks << " blocks, " << n << " requests, " << r.steps << " steps, "
+                                 << r.sim_seconds << " simulated s, " << r.metrics.num_preemptions_total << " preemptions ("
+                                 << r.metrics.num_swap_outs << " swapped, " << r.metrics.num_swap_fallbacks << " recomputed), peak KV "
+                                 << r.metrics.max_kv_cache_usage_perc);
+    CHECK(r.num_blocks > 10000);
+    CHECK(r.steps > 1000);
+    const Metrics& m = r.metrics;
+    CHECK(m.num_requests_finished == n);
+    CHECK(m.num_requests_rejected + m.num_requests_aborted + m.num_requests_failed == 0);
+    CHECK(m.num_preemptions_total > 0);
+    CHECK(m.num_swap_outs > 0);
+    CHECK(m.num_swap_ins == m.num_swap_outs);
+    CHECK(m.swap_in_bytes == m.swap_out_bytes);
+    CHECK(m.num_swap_fallbacks > 0);
+    CHECK(m.recomputed_tokens_total > 0);
+    CHECK(m.num_swap_outs + m.num_swap_fallbacks <= m.num_preemptions_total);
+    CHECK(m.prefix_cache_hits > 0);
+    CHECK(m.max_kv_cache_usage_perc > 0.9);
+    int by_length = 0;
+    for (size_t i = 0; i < r.outputs.size(); ++i) {
+        const int out = (int)r.outputs[i].size(), total = r.prompt_lens[i] + out;
+        const bool ok = (r.reasons[i] == FinishReason::kMaxTokens && out == r.max_tokens[i]) ||
+                        (r.reasons[i] == FinishReason::kMaxModelLen && total == r.max_model_len && out < r.max_tokens[i]);
+        CHECK_MESSAGE(ok, "request " << i << " finished " << to_string(r.reasons[i]) << " with " << total << " tokens");
+        by_length += r.reasons[i] == FinishReason::kMaxModelLen;
+    }
+    CHECK(by_length > 0);  // the workload really reaches max_model_len
+    CHECK(m.generation_tokens_total == sum_outputs(r));
+    CHECK((long)m.time_to_first_token.count() == n);
+    CHECK((long)m.inter_token_latency.count() == m.generation_tokens_total - n);
+    CHECK((long)m.e2e_request_latency.count() == n);
+}
+
+// Proves the virtual clock advances by exactly step_cost of each step's batch, and that TTFT and ITL are simulated seconds: every TTFT is the one prefill step, ITL p50 the modelled decode step.
+TEST_CASE("simulated time is the cost model's time") {
+    // 32 requests of 128 prompt tokens arrive at once (4,096 tokens: one
+    // prefill step), then decode 200 tokens each in lockstep.
+    study::Traffic t;
+    t.requests = 32;
+    t.prompt = study::LengthDist::fixed(128);
+    t.output = study::LengthDist::fixed(200);
+    t.seed = 9;
+    SimConfig sc = sim_config("h200", "llama-3-8b");
+    sc.max_num_batched_tokens = 8192;
+    sc.max_num_seqs = 256;
+    auto runner = std::make_unique<SimRunner>(sc);
+    EngineConfig ec;
+    ec.block_size = 16;
+    ec.kv_dtype = kv_dtype_of(sc.model);
+    ec.kv_cache_bytes = runner->memory_for_kv_cache();
+    ec.sched.max_num_seqs = 256;
+    ec.sched.max_num_batched_tokens = 8192;
+    ec.log_interval_s = 0;
+    VirtualClock clock;
+    Engine eng(std::move(runner), ec, &clock);
+    auto& sim = dynamic_cast<SimRunner&>(eng.runner());
+    for (const auto& p : study::plan_traffic(t, eng.model().vocab_size)) eng.add_request(p.prompt, p.params);
+
+    // Step 1: every prompt, in one step.
+    std::vector<StepItem> prefill;
+    for (int i = 0; i < 32; ++i) prefill.push_back({128, 128});
+    const double prefill_s = step_cost(sc.model, sc.hw, sc.cost, prefill, 32, 0).total_s;
+    CHECK(eng.step() == 32 * 128);
+    CHECK(clock.t == prefill_s);
+    CHECK(sim.last_step().total_s == prefill_s);
+    CHECK_FALSE(sim.last_step().linear_memory_bound);  // 4,096 tokens: compute-bound
+
+    // Every later step is a decode of all 32: its cost, computed from the
+    // requests' lengths before the step, is exactly the clock's advance.
+    std::vector<double> decode_s;
+    while (eng.has_unfinished()) {
+        std::vector<StepItem> items;
+        for (const Request* r : eng.scheduler().running()) {
+            REQUIRE(r->num_computed_tokens == r->num_tokens() - 1);  // decode-only
+            items.push_back({1, r->num_tokens()});
+        }
+        const StepCost expect = step_cost(sc.model, sc.hw, sc.cost, items, (int)items.size(), 0);
+        const double before = clock.t;
+        CHECK(eng.step() == (int)items.size());
+        CHECK(sim.last_step().total_s == expect.total_s);
+        CHECK(clock.t - before == doctest::Approx(expect.total_s).epsilon(1e-12));
+        decode_s.push_back(clock.t - before);
+    }
+    REQUIRE(decode_s.size() == 199);
+    const Metrics& m = eng.metrics();
+    // Every request arrived at 0 and got its first token at the end of step 1.
+    REQUIRE(m.time_to_first_token.count() == 32);
+    for (double x : m.time_to_first_token.v) CHECK(x == prefill_s);
+    // ITL is in simulated seconds: its median is the modelled decode step of
+    // the median context (128 + 100 tokens), a few ms, not a wall-clock time.
+    const double modelled = step_cost(sc.model, sc.hw, sc.cost, decode_batch(32, 228), 32, 0).total_s;
+    const double p50 = m.inter_token_latency.percentile(50);
+    CHECK(p50 == doctest::Approx(modelled).epsilon(0.03));
+    CHECK(p50 > 4e-3);
+    CHECK(p50 < 6e-3);
+    double total = prefill_s;
+    for (double d : decode_s) total += d;
+    CHECK(clock.t == doctest::Approx(total).epsilon(1e-12));
+    CHECK(m.e2e_request_latency.percentile(100) == clock.t);
+}
+
+}  // TEST_SUITE

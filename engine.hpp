@@ -378,6 +378,7 @@ private:
         if (!(std::isfinite(p.temperature) && p.temperature >= 0.0f))
             return "temperature must be a finite number >= 0 (0 = greedy), got " + std::to_string(p.temperature);
         if (!std::isfinite(p.top_p)) return "top_p must be a finite number (outside (0, 1) = off)";
+        if (p.stop_after_tokens < 0) return "stop_after_tokens must be >= 0 (0 = off)";
         return "";
     }
 
@@ -615,6 +616,7 @@ private:
         if (token == cfg_.eos_token_id && !r.params.ignore_eos) return FinishReason::kStop;
         for (int32_t s : r.params.stop_token_ids)
             if (token == s) return FinishReason::kStop;
+        if (r.params.stop_after_tokens > 0 && r.num_output_tokens() >= r.params.stop_after_tokens) return FinishReason::kStop;
         if (r.num_output_tokens() >= r.params.max_tokens) return FinishReason::kMaxTokens;
         if (r.num_tokens() >= cfg_.sched.max_model_len) return FinishReason::kMaxModelLen;
         return FinishReason::kNone;

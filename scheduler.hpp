@@ -132,6 +132,13 @@ struct SamplingParams {
     uint64_t seed = 0;         // with (output index), the only source of randomness
     std::vector<int32_t> stop_token_ids;  // besides EOS
     bool ignore_eos = false;
+    // Synthetic workloads only: stop after this many output tokens, as if the
+    // model had emitted EOS there (0 = never). A real request does not know
+    // its length in advance; a study of admission needs requests that end
+    // before the max_tokens a client asked for, as real answers do, and a
+    // random model (or the simulated GPU) never says EOS on cue. Admission
+    // looks only at max_tokens.
+    int stop_after_tokens = 0;
 };
 
 // One request and everything the scheduler knows about it. Prompt and output

@@ -226,6 +226,7 @@ int run(int argc, char** argv) {
     // A few streams as the client saw them: one unbroken text, one pause.
     int shown = 0;
     std::printf("\nwhat a client streaming a preempted request saw (the text never breaks; it pauses):\n");
+    if (sim) std::printf("  (the simulated GPU computes no logits: its tokens are hashed ids, so the text is noise)\n");
     for (int i = 0; i < R && shown < 3; ++i) {
         if (eng.request(i)->num_preemptions == 0) continue;
         std::printf("  request %d (%d preemption%s): %s\n", i, eng.request(i)->num_preemptions,

@@ -577,7 +577,7 @@ int run(int argc, char** argv) {
     std::printf("  per token   %.1f us in all (the sweep's slope): %.1f us of layer FLOPs + %.2f us per_token_s + 1 key\n", us(cal.token_s),
                 us(2.0 * lp / cal.hw.peak_flops), us(cal.cost.per_token_s));
     std::printf("  attention   %.3f us per (query, key) = %.2f GFLOP/s\n", us(cal.attn_s_per_key), cal.hw.attn_peak_flops / 1e9);
-    std::printf("  per logit   %.1f us measured, %.1f us of it classifier FLOPs: %.1f us per sampled row the model does not charge\n",
+    std::printf("  per logit   %.1f us measured, %.1f us of it classifier FLOPs: %.1f us more per sampled row (per_logit_s)\n",
                 us(cal.logit_s), us(2.0 * cp / cal.hw.peak_flops), us(cal.logit_extra_s));
     std::printf("  swap        memcpy at %.1f GB/s\n", cal.hw.pcie_bw / 1e9);
     std::printf("  the line t(T) = fixed + T x token misses its %zu points by %.1f%% at most\n", cal.sweep_tokens.size(),

@@ -85,6 +85,11 @@ struct Traffic {
     int requests = 24;
     Arrivals arrivals;
     LengthDist prompt = LengthDist::fixed(32), output = LengthDist::fixed(96);
+    // The max_tokens every client asks for; 0 = the drawn output length
+    // itself. When set, a request still ends at its drawn length (as if the
+    // model said EOS there: SamplingParams::stop_after_tokens), but admission
+    // only sees max_tokens, as a server only sees what the client asked.
+    int max_tokens_cap = 0;
     double shared_prefix_fraction = 0.0;  // of requests that start with the shared prefix
     int shared_prefix_len = 0;            // tokens (BOS included)
     uint64_t seed = 1;
@@ -131,7 +136,8 @@ inline std::vector<PlannedRequest> plan_traffic(const Traffic& t, int vocab) {
             r.prompt[(size_t)j] = (share && j < (int)shared.size()) ? shared[(size_t)j]
                                   : j == 0                          ? 1
                                                                     : 3 + (int32_t)(pkv::splitmix64(rng) % (uint64_t)(vocab - 3));
-        r.params.max_tokens = olen;
+        r.params.max_tokens = t.max_tokens_cap > 0 ? std::max(t.max_tokens_cap, olen) : olen;
+        r.params.stop_after_tokens = t.max_tokens_cap > 0 ? olen : 0;
         r.params.ignore_eos = true;
         r.params.temperature = (float)t.temperature;
         r.params.seed = t.seed * 7919 + (uint64_t)i;

@@ -332,30 +332,18 @@ std::vector<Row> bad_input_table(TempFiles& tmp) {
         {"bench_attention", {"--iters", "0"}, 2, "--iters expects an integer in 1..10000, got '0'"},
         {"kv_tour", {"--x"}, 2, "unknown option --x"},
         {"kv_tour", {"extra"}, 2, "unexpected argument 'extra'"},
-        {"concurrency_sweep", {"--seqs", "1,,2"}, 2, "--seqs expects comma-separated integers in 1..65536, got '1,,2'"},
-        {"concurrency_sweep", {"--seqs", "4294967297"}, 2, "--seqs expects comma-separated integers in 1..65536"},
-        {"concurrency_sweep", {"--repeat", "0"}, 2, "--repeat expects an integer in 1..100, got '0'"},
-        {"preemption_study", {"--lengths", "2147483647"}, 2, "--lengths expects comma-separated integers in 1..1048576"},
-        {"preemption_study", {"--small-swap-pct", "0"}, 2, "--small-swap-pct expects an integer in 1..1000, got '0'"},
-        {"preemption_study", {"--num-blocks", "1"}, 2, "--num-blocks 1 cannot hold even one request"},
-        {"fixes_study", {"--cap-seqs", "-1"}, 2, "--cap-seqs expects an integer in 0..65536, got '-1'"},
-        {"fixes_study", {"--shed", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17"}, 2, "--shed takes at most 16 entries"},
-        {"victim_study", {"--max-num-seqs", "0"}, 2, "--max-num-seqs expects an integer in 1..65536, got '0'"},
-        {"kv_dtype_study", {"--tokens", "401"}, 2, "--tokens expects an integer in 1..400, got '401'"},
-        // A chart that cannot be written is a file problem, status 1, even
-        // after the table was printed (small workloads keep these quick).
-        {"concurrency_sweep", {"--svg", svg, "--seqs", "1", "--requests", "1", "--prompt-len", "1", "--max-tokens", "1"}, 1, "cannot create"},
-        {"victim_study", {"--svg", svg, "--requests", "1", "--prompt-len", "1", "--max-tokens", "1"}, 1, "cannot create"},
-        {"fixes_study", {"--svg", svg, "--requests", "1", "--prompt-len", "1", "--max-tokens", "1"}, 1, "cannot create"},
-        {"preemption_study", {"--svg", svg, "--requests", "1", "--prompt-len", "1", "--max-tokens", "1", "--lengths", "1"}, 1, "cannot create"},
+        {"study", {}, 2, "name a study (or --list)"},
+        {"study", {"nosuch"}, 2, "no study named 'nosuch'"},
+        {"study", {"thrash", "extra"}, 2, "unexpected argument 'extra'"},
+        {"study", {"thrash", "--device", "gpu"}, 2, "--device expects one of cpu|sim, got 'gpu'"},
+        {"study", {"thrash", "--device", "sim", "--gpu", "h300"}, 2, "--gpu expects one of"},
+        {"study", {"thrash", "--device", "sim", "--model", "llama-4"}, 2, "--model expects one of"},
+        {"study", {"thrash", "--device", "sim", "--pcie-gbps", "nan"}, 2, "--pcie-gbps expects a finite number"},
+        {"study", {"thrash", "--device", "sim", "--pcie-gbps", "-1"}, 2, "--pcie-gbps expects a finite number in 0..1000000, got '-1'"},
+        // A chart that cannot be written is a file problem, status 1, found
+        // before the study runs.
+        {"study", {"thrash", "--device", "sim", "--gpu", "l4", "--svg", svg}, 1, "cannot create"},
     };
-    // The studies may check that their chart can be written before they look
-    // at the other flags; give the rest a chart path of ours, so that no row
-    // leaves a chart (or a build/ folder) in the current directory.
-    const std::string chart = tmp.path("chart.svg");
-    for (Row& r : rows)
-        if (r.prog == "concurrency_sweep" || r.prog == "victim_study" || r.prog == "fixes_study" || r.prog == "preemption_study")
-            if (std::find(r.args.begin(), r.args.end(), "--svg") == r.args.end()) r.args.insert(r.args.end(), {"--svg", chart});
     return rows;
 }
 

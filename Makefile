@@ -16,6 +16,9 @@
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
 #                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
 #   make plots      the charts the TUTORIAL shows, refreshed into docs/plots/
+#   make check-docs every command listing in TUTORIAL.md and README.md re-run and compared
+#                   with what is printed there (numbers marked ~ are timing and may differ)
+#   make docs       re-run those listings and rewrite their output in place
 #   make clean
 
 BUILD    ?= build
@@ -35,6 +38,9 @@ CXXFLAGS += $(SANFLAGS)
 
 HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp)
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
+# tools/: programs that work on the project itself (the docs checker, the
+# course kit), built by the same rule as the examples.
+TOOLS    := $(patsubst tools/%.cpp,%,$(wildcard tools/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
 # doctest comes from Debian's doctest-dev. When it is not installed,
@@ -45,10 +51,14 @@ DEPS        := build/deps
 DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 
-.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers
-all: $(addprefix $(BUILD)/,$(EXAMPLES)) $(BUILD)/tests
+.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs
+all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $< -o $@
+
+$(BUILD)/%: tools/%.cpp $(HEADERS) $(wildcard tools/*.hpp)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
@@ -100,10 +110,21 @@ check-headers:
 	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
-# so a missing __syncthreads() is a data race TSan reports.
+# so a missing __syncthreads() is a data race TSan reports. Only the kernel
+# suite is built (tests/main.cpp + tests/test_kernels.cpp): it is all TSan runs.
 tsan:
-	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/tests
-	./build/tsan/tests -ts=kernels
+	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/kernel_tests
+	./build/tsan/kernel_tests -ts=kernels
+
+$(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+# The listings of TUTORIAL.md and README.md, re-run (tools/check_docs.cpp).
+DOC_FILES := TUTORIAL.md README.md
+check-docs: all
+	./$(BUILD)/check_docs $(DOC_FILES)
+docs: all
+	./$(BUILD)/check_docs --update $(DOC_FILES)
 
 # ---- nvcc --------------------------------------------------------------------
 # --fmad=false: no fused multiply-add, so the GPU sums round like the CPU ones.

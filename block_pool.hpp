@@ -125,6 +125,12 @@ public:
     // O(1) per block.
     bool allocate(int n, std::vector<int32_t>& out) {
         if (n < 0) throw std::invalid_argument("BlockPool::allocate: negative count");
+        // ---- exercise 2 begin: the LRU free list ----
+        // All or nothing: refuse (return false) before touching anything.
+        // Then n times: take the block at free_head_ off the list
+        // (unlink_free), drop the hash it may still carry (evict_hash: a cached
+        // block is evicted only now, when it is reused), give it one
+        // reference, append its id to `out`.
         if (n > num_free_) return false;
         for (int i = 0; i < n; ++i) {
             int32_t b = free_head_;
@@ -134,16 +140,21 @@ public:
             out.push_back(b);
         }
         return true;
+        // ---- exercise 2 end ----
     }
 
     // Take one more reference on blocks found in the prefix cache. A hit on a
     // free block pulls it out of the middle of the free list (O(1)).
     void touch(const std::vector<int32_t>& ids) {
+        // ---- exercise 2 begin: the LRU free list ----
+        // A block nobody holds sits in the free list: take it out before you
+        // count the new reference. checked(b, "touch") validates the id.
         for (int32_t b : ids) {
             KVBlock& blk = checked(b, "touch");
             if (blk.ref_cnt == 0) unlink_free(b);
             blk.ref_cnt++;
         }
+        // ---- exercise 2 end ----
     }
 
     // Drop one reference on each block, in the order given. Callers pass a
@@ -155,6 +166,12 @@ public:
     // above us (a table freed twice): we stop it here rather than let the
     // count go negative and the free list silently lose a block.
     void release(const std::vector<int32_t>& ids_in_free_order) {
+        // ---- exercise 2 begin: the LRU free list ----
+        // First refuse a double free: no id may appear more often than its
+        // ref_cnt (throw std::logic_error, and change nothing). Then drop one
+        // reference per id; a block reaching zero goes to the tail
+        // (push_free_tail) if it has a hash, else to the head
+        // (push_free_head), both groups keeping the order given.
         std::vector<int32_t> sorted(ids_in_free_order);  // to count repeats of one id
         std::sort(sorted.begin(), sorted.end());
         for (size_t i = 0, n = 1; i < sorted.size(); ++i, ++n) {
@@ -171,6 +188,7 @@ public:
         }
         // Pushing onto the head reverses order, so push the last one first.
         for (auto it = to_head.rbegin(); it != to_head.rend(); ++it) push_free_head(*it);
+        // ---- exercise 2 end ----
     }
 
     // ---- section 2 hooks (prefix caching) ----------------------------------
@@ -350,6 +368,11 @@ constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
 // num_tokens = 32 and block_size 16 that means one hit block, not two.)
 // Returns the hit block ids (not yet touched) in logical order.
 inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
+    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // Walk the full blocks of `tokens` from the first: hash each with its
+    // parent's hash (kRootHash for block 0), look it up (pool.lookup), stop at
+    // the first miss. Never hit the block holding the last token: at most
+    // (num_tokens - 1) / block_size blocks. Nothing without prefix caching.
     std::vector<int32_t> hits;
     if (!pool.prefix_caching() || num_tokens <= 0) return hits;
     const int bs = pool.block_size();
@@ -364,6 +387,7 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
         parent = h;
     }
     return hits;
+    // ---- exercise 3 end ----
 }
 
 // ============================================================================
@@ -398,6 +422,12 @@ inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits
 // returns false and changes nothing when the pool cannot supply the blocks.
 inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int64_t num_tokens) {
     if (!hits.empty() && !table.blocks.empty()) throw std::logic_error("allocate_slots: prefix hits for a table that is not empty");
+    // ---- exercise 4 begin: block table growth ----
+    // Count what is missing: blocks_for_tokens(num_tokens) minus what the
+    // table and the hits already give. Refuse (false, nothing changed) if the
+    // free list cannot supply the missing blocks plus the hits that sit in it
+    // (num_free_hits). Otherwise touch the hits, append them, continue the
+    // hash chain from the last hit (num_hashed, last_hash), then allocate.
     const int64_t have = (int64_t)table.blocks.size() + (int64_t)hits.size();
     const int64_t need_new = std::max<int64_t>(0, blocks_for_tokens(num_tokens, pool.block_size()) - have);
     if (need_new + num_free_hits(pool, hits) > pool.num_free_blocks()) return false;
@@ -410,12 +440,18 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     }
     pool.allocate((int)need_new, table.blocks);
     return true;
+    // ---- exercise 4 end ----
 }
 
 // Register every block of `table` that is full of computed tokens. `tokens` are
 // the sequence's tokens (prompt then outputs); `num_computed` how many of them
 // have K/V written. Called after each forward step when prefix caching is on.
 inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
+    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // Register blocks num_hashed .. (num_computed / block_size) - 1, each
+    // hashed from table.last_hash, then advance last_hash and num_hashed. If
+    // the lookup of what you just cached does not find it (another block owns
+    // that hash with other contents), set chain_broken and stop for good.
     if (!pool.prefix_caching() || table.chain_broken) return;
     const int bs = pool.block_size();
     const int num_full = num_computed / bs;
@@ -432,14 +468,18 @@ inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t*
         table.last_hash = h;
         table.num_hashed = i + 1;
     }
+    // ---- exercise 3 end ----
 }
 
 // Give every block of `table` back, last logical block first (so tails are
 // evicted before the shared heads), and leave the table empty.
 inline void free_blocks(BlockPool& pool, BlockTable& table) {
+    // ---- exercise 4 begin: block table growth ----
+    // Release in reverse logical order, then reset the table completely.
     std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
     pool.release(reversed);
     table = BlockTable{};
+    // ---- exercise 4 end ----
 }
 
 }  // namespace pkv

@@ -255,6 +255,14 @@ inline Hardware hardware_of(const GpuSpec& g, const PcieSpec& p) {
 
 inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostParams& p, const std::vector<StepItem>& items,
                           int num_logits, double swap_bytes) {
+    // ---- exercise 10 begin: the cost of a step ----
+    // Linear layers read every weight once (the classifier only when some
+    // row wants logits) and do 2 FLOPs per weight per token (per logit for
+    // the classifier): time = max(bytes / effective bandwidth, FLOPs /
+    // effective peak). Attention: per request, read the context's K/V and
+    // write the new tokens'; 4 x n_heads x head_dim x n_layers FLOPs per
+    // (query, key) pair, n x e - n(n - 1)/2 pairs. Add the overheads; swap
+    // time stalls the step or hides behind compute (p.swap_stalls).
     const Config& c = m.shape;
     StepCost s;
     double tokens = 0;
@@ -293,6 +301,7 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
     }
     s.total_s = s.overhead_s + compute + s.swap_s;
     return s;
+    // ---- exercise 10 end ----
 }
 
 // ============================================================================

@@ -87,6 +87,23 @@
 #define PKV_KERNEL
 #endif
 
+// What the course kit (COURSE.md, tools/kit.cpp) writes in a student's copy
+// where it cut an exercise out of code that may run on a GPU. On the host,
+// and in an emulated kernel, it throws (in an emulated kernel that ends the
+// program: the exception leaves a worker thread, and the message is printed);
+// on a GPU a thread cannot throw, so it prints and traps, which fails the
+// launch. Headers that never reach a GPU get a plain throw instead.
+#if defined(__CUDA_ARCH__)
+#define PKV_EXERCISE_TODO(n, title)                                     \
+    do {                                                                \
+        printf("exercise %d (%s): not implemented\n", (int)(n), title); \
+        __trap();                                                       \
+    } while (0)
+#else
+#define PKV_EXERCISE_TODO(n, title) \
+    throw std::logic_error("exercise " + std::to_string(n) + " (" + std::string(title) + "): not implemented")
+#endif
+
 namespace pkv {
 
 #ifdef __CUDACC__

@@ -106,13 +106,22 @@ struct KVGeometry {
 // The slot of position `pos` of a sequence whose block table is `block_table`.
 // This is the only place in pagedkv that maps a position to memory.
 PKV_HD inline int64_t slot_of(const int32_t* block_table, int pos, int block_size) {
+    // ---- exercise 1 begin: slot and offset math ----
+    // Logical block pos / block_size holds the position; the block table names
+    // its physical block; inside it the position sits at pos % block_size.
+    // Compute in 64 bits: block id x block_size overflows an int in a big pool.
     return (int64_t)block_table[pos / block_size] * block_size + pos % block_size;
+    // ---- exercise 1 end ----
 }
 
 // Offset (in floats) of the head vector of kv head `kv_head` stored in `slot`,
 // inside one layer's K or V array.
 PKV_HD inline int64_t kv_offset(int64_t slot, int kv_head, int num_kv_heads, int head_dim) {
+    // ---- exercise 1 begin: slot and offset math ----
+    // The layout is [slot][kv head][head_dim]: a slot holds num_kv_heads head
+    // vectors of head_dim floats each, one after the other.
     return (slot * num_kv_heads + kv_head) * head_dim;
+    // ---- exercise 1 end ----
 }
 
 // ---- reading and writing one element of any dtype -------------------------
@@ -271,6 +280,12 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
                                 const int32_t* token_seq,     // [num_tokens] row of block_tables
                                 const int32_t* positions,     // [num_tokens] ctx = position + 1
                                 int num_tokens, const AttentionShape& s) {
+    // ---- exercise 8 begin: paged attention on the CPU ----
+    // For each token t and query head h: its sequence's row of block_tables,
+    // ctx = positions[t] + 1 keys, kv head h / (n_heads / n_kv_heads). Read
+    // key and value j through slot_of and kv_load. Then exactly the math
+    // above: scores q.k / sqrt(head_dim), their max, exp(score - max), the
+    // sum, divide, and the weighted sum of values in order of j, in floats.
     const int group = s.n_heads / s.n_kv_heads;  // query heads per kv head
     const float scale_div = std::sqrt((float)s.head_dim);
     std::vector<float> score;  // [ctx] scratch
@@ -306,6 +321,7 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             }
         }
     }
+    // ---- exercise 8 end ----
 }
 
 // The same over plain float32 caches.
@@ -493,6 +509,14 @@ PKV_KERNEL void paged_attention_kernel(float* out,                   // [num_tok
             vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
         }
         syncthreads();
+        // ---- exercise 9 begin: the paged-attention kernel ----
+        // The tile's K and V are in shared memory (sk rows padded to hd + 1,
+        // sv), q in sq. 2: every (head, key) score into sp[h * tk + j], with
+        // the loop over pairs strided by the block's threads. 3: one thread per
+        // head folds the tile into its online softmax (sm, sl; the rescale
+        // factor into sa). 4: each thread rescales and accumulates its own
+        // (head, d) pairs in acc[r]. A step may only read what an earlier
+        // step wrote once every thread has finished writing it: syncthreads().
         // 2. Scores for every (head, key) pair of the tile.
         for (int i = tid; i < G * n; i += nthr) {
             const int h = i / n, j = i % n;
@@ -529,6 +553,7 @@ PKV_KERNEL void paged_attention_kernel(float* out,                   // [num_tok
             acc[r] = a;
         }
         syncthreads();  // the next tile overwrites sk, sv, sp
+        // ---- exercise 9 end ----
     }
     float* og = out + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
     for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {

@@ -459,6 +459,7 @@ public:
         SchedulerOutput out;
         int budget = cfg_.max_num_batched_tokens;
 
+        // ---- exercise 5 begin: the running loop of schedule() ----
         // (1) Running requests, oldest first. Each gets what it still needs:
         //     1 token for a decode, a budget-limited chunk for a prefill that
         //     has not finished (chunked prefill).
@@ -467,6 +468,11 @@ public:
         //     also vLLM V1's order. "Oldest" means admitted earliest: a
         //     resumed request re-enters running_ at the back, as the newest,
         //     and is therefore the first victim next time.
+        // (2) While allocate_slots cannot grow a request's table to
+        //     num_computed_tokens + n, preempt pick_victim() (it may be the
+        //     request itself: then it gets nothing this step). Mind the cursor
+        //     when a victim stood before it, and record what you schedule in
+        //     out.scheduled, charging the budget.
         for (size_t i = 0; i < running_.size() && budget > 0;) {
             Request* req = running_[i];
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
@@ -502,6 +508,7 @@ public:
             budget -= n;
             ++i;
         }
+        // ---- exercise 5 end ----
 
         // (3) Admit waiting requests, front first -- but only if nobody was
         //     preempted this step: admitting now would take the very blocks the
@@ -641,6 +648,16 @@ private:
     // With Victim::kOldest the victim may already have been given tokens this
     // step: they are taken back (removed from `out`, refunded to `budget`).
     void preempt(Request* victim, SchedulerOutput& out, int& budget) {
+        // ---- exercise 6 begin: preempt(), by recompute and by swap ----
+        // Both modes: leave running_, take back tokens given this step, set
+        // state and counters (victim->num_preemptions, stats_), report it in
+        // out.preempted. Swap: take host slots for the blocks holding computed
+        // tokens; if you get them, record out.swap_out pairs, keep
+        // num_computed_tokens, free the blocks, go to the front of swapped_
+        // (and count stats_.num_swap_outs, blocks_swapped_out). Otherwise, or
+        // for recompute: free the blocks, forget the computed tokens (keep the
+        // outputs), front of waiting_ (count stats_.num_swap_fallbacks when a
+        // swap fell back).
         running_.erase(std::find(running_.begin(), running_.end(), victim));
         for (auto it = out.scheduled.begin(); it != out.scheduled.end(); ++it)
             if (it->req == victim) {
@@ -669,22 +686,35 @@ private:
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         waiting_.push_front(victim);
+        // ---- exercise 6 end ----
     }
 
     // The victim of the policy in cfg_.victim, among running_ (not empty).
     // kFair: the most output tokens; on a tie the newest, as vLLM would.
     Request* pick_victim() const {
+        // ---- exercise 5 begin: the running loop of schedule() ----
+        // kNewest: the back of running_ (vLLM's running.pop()); kOldest: the
+        // front; kFair: the most output tokens, the newest on a tie.
         if (cfg_.victim == Victim::kNewest) return running_.back();
         if (cfg_.victim == Victim::kOldest) return running_.front();
         Request* v = running_.back();
         for (auto it = running_.rbegin(); it != running_.rend(); ++it)
             if ((*it)->num_output_tokens() > v->num_output_tokens()) v = *it;
         return v;
+        // ---- exercise 5 end ----
     }
 
     // Try to admit `req` with at most `budget` new tokens this step. Returns the
     // number of tokens scheduled (0 = not admitted; nothing changed).
     int try_admit(Request* req, int budget) {
+        // ---- exercise 7 begin: admission, the watermark and the full-sequence gate ----
+        // Find the cached prefix (find_cached_prefix); this step's chunk is
+        // what is not cached, capped by the budget. Decide how many tokens'
+        // worth of blocks must be free: the chunk, the whole current sequence
+        // (full_sequence_must_fit) or sequence_cap (reserve). Keep the
+        // watermark's share of the pool free, but only while something runs.
+        // Free hits count against capacity. Allocate (reserve: everything),
+        // count prefix-cache queries and hits, set num_computed_tokens.
         // Prefix cache: the longest cached prefix of prompt + outputs (a resumed
         // request usually finds its own blocks that were not evicted yet).
         // [num hit blocks] physical ids in logical order, empty without
@@ -714,6 +744,7 @@ private:
         stats_.prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;
         return n;
+        // ---- exercise 7 end ----
     }
 
     SchedulerConfig cfg_;

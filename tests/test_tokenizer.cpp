@@ -354,7 +354,11 @@ TEST_CASE("make_prompt is the re-encoding builder, in linear time") {
     std::vector<std::pair<std::string, pkv::Tokenizer>> toks;
     toks.emplace_back("built-in", pkv::builtin_vocab().tok);
     if (pkv_test::need_model_files({"tok512.bin"})) toks.emplace_back("tok512", pkv::Tokenizer::load(pkv_test::models_dir() + "/tok512.bin", 512));
-    for (const auto& [name, tok] : toks) {
+    for (const auto& entry : toks) {
+        // Not a structured binding: CAPTURE captures by lambda, and clang++ 14
+        // cannot capture a structured binding.
+        const std::string& name = entry.first;
+        const pkv::Tokenizer& tok = entry.second;
         CAPTURE(name);
         REQUIRE(tok.merges_stay_within_words());
         for (int len : {1, 2, 3, 7, 32, 33, 100, 257})

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 namespace pkv {
@@ -139,6 +140,10 @@ inline float runc_random_f32(uint64_t& state) {
 // coins, so identical prompts give identical outputs (the forward pass is
 // batch-invariant, so their neighbours in the batch do not matter).
 inline float coin_for(uint64_t seed, int output_index) {
+    // ---- exercise 11 begin: a coin that survives preemption ----
+    // A pure function: no state, no global generator. Mix seed and index
+    // into 64 well-scrambled bits (splitmix64's finaliser is one way), keep
+    // the top 24 and scale by 2^-24 into [0, 1).
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)output_index;
     uint64_t z = s ^ (s >> 31);
     z *= 0xbf58476d1ce4e5b9ull;
@@ -146,6 +151,7 @@ inline float coin_for(uint64_t seed, int output_index) {
     z *= 0x94d049bb133111ebull;
     z ^= z >> 31;
     return (float)(z >> 40) * (1.0f / 16777216.0f);
+    // ---- exercise 11 end ----
 }
 
 }  // namespace pkv

@@ -19,6 +19,10 @@
 #   make check-docs every command listing in TUTORIAL.md and README.md re-run and compared
 #                   with what is printed there (numbers marked ~ are timing and may differ)
 #   make docs       re-run those listings and rewrite their output in place
+#   make exercises  the course kit (COURSE.md): a student copy with every exercise cut, in
+#                   build/course/exercises (make exercise N=3: only exercise 3)
+#   make grade      grade this tree: the reference itself, or a student copy (one line per
+#                   exercise, the analysis questions, a total; exit 0 only if all pass)
 #   make clean
 
 BUILD    ?= build
@@ -34,6 +38,10 @@ else
 CXXFLAGS += -Wno-unknown-pragmas
 endif
 SANFLAGS ?=
+# A student copy (COURSE.md) has a .kit.mk that switches off the warnings its
+# exercise stubs provoke (unused parameters); the reference has none.
+-include .kit.mk
+CXXFLAGS += $(KIT_CXXFLAGS)
 CXXFLAGS += $(SANFLAGS)
 
 HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp)
@@ -51,7 +59,8 @@ DEPS        := build/deps
 DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 
-.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs
+.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
+        exercises exercise grade kit-selftest
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -125,6 +134,17 @@ check-docs: all
 	./$(BUILD)/check_docs $(DOC_FILES)
 docs: all
 	./$(BUILD)/check_docs --update $(DOC_FILES)
+
+# ---- the course kit (tools/kit.cpp, COURSE.md) ------------------------------
+exercises: $(BUILD)/kit
+	./$(BUILD)/kit cut --all --out build/course/exercises
+exercise: $(BUILD)/kit
+	@test -n "$(N)" || { echo "say which: make exercise N=3 (kit list shows them; make exercises cuts them all)"; exit 2; }
+	./$(BUILD)/kit cut --exercises $(N) --out build/course/exercise-$(N)
+grade: $(BUILD)/kit | check-doctest
+	./$(BUILD)/kit grade
+kit-selftest: $(BUILD)/kit | check-doctest
+	./$(BUILD)/kit selftest
 
 # ---- nvcc --------------------------------------------------------------------
 # --fmad=false: no fused multiply-add, so the GPU sums round like the CPU ones.

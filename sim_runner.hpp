@@ -542,7 +542,10 @@ inline CpuCalibration combine_calibrations(const Model& m, const std::vector<Cpu
         for (const CpuCalibration& c : cals) v.push_back(c.sweep_seconds.at(i));
         out.sweep_seconds[i] = median_seconds(v);
     }
-    for (double CpuCalibration::*f : {&CpuCalibration::layers_t16_s, &CpuCalibration::layers_t64_s, &CpuCalibration::logit_s,
+    // (A named pointer-to-member type: nvcc's host compiler reads the bare
+    // declarator in a range-for as parenthesised and warns.)
+    using Field = double CpuCalibration::*;
+    for (Field f : {&CpuCalibration::layers_t16_s, &CpuCalibration::layers_t64_s, &CpuCalibration::logit_s,
                                       &CpuCalibration::attn_s_per_key, &CpuCalibration::weights_read_s, &CpuCalibration::copy_s,
                                       &CpuCalibration::engine_overhead_s})
         out.*f = median_of(f);

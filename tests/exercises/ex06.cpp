@@ -1,0 +1,327 @@
+// tests/exercises/ex06.cpp -- grades exercise 6, "preempt(), by recompute and
+// by swap" (scheduler.hpp: Scheduler::preempt).
+//
+// Each check drives a Scheduler over a small BlockPool and plays the engine's
+// part itself (complete(): mark the scheduled tokens computed, append one
+// output token to each request whose computation reached its end). Requests
+// are named by letter in the order they were added: A, B, C, ...
+//
+// Most checks share one situation (block size 2, 4 blocks): A, B, C and D
+// each hold one block with two tokens computed and one sampled, so each needs
+// a second block for its next position; E waits. In step 2, A's growth
+// preempts D (the newest), then B's preempts C. A and B stop after 2 tokens.
+//
+// The checks, and what each one proves:
+//   - "recompute forgets computed tokens and keeps the outputs": a victim is
+//     PREEMPTED, out of running, in out.preempted in preemption order, with
+//     its blocks freed (for A and B to take), num_computed_tokens 0, its
+//     sampled token still in `tokens`, and the counters (its own
+//     num_preemptions and the scheduler's total) moved by one each.
+//   - "recompute victims wait at the front of the queue": the victims stand
+//     before E, the older one first (C, D, E), and once A and B finish they
+//     come back first, recomputing prompt and output (3 tokens each).
+//   - "swap keeps computed tokens and records the copies": a swap victim
+//     keeps num_computed_tokens, holds one host slot per block of computed
+//     tokens, reports (device block, slot) pairs in out.swap_out, frees its
+//     blocks and stands at the front of the swapped queue (C before D); E's
+//     place in the waiting queue is unchanged.
+//   - "a swapped victim comes back with its computed tokens": after A and B
+//     finish, C and D are swapped back in and compute one token each, not
+//     their whole sequence.
+//   - "a victim that does not fit the swap space is recomputed": with one
+//     host slot D is swapped and C falls back to recompute (front of waiting,
+//     nothing computed, no slot), and the fallback is counted.
+//   - "a swap victim copies only the blocks holding computed tokens": a
+//     victim that was just given a block for this step's token copies only
+//     the two blocks its computed tokens fill, logical block i to the i-th
+//     host slot it took.
+//   - "a victim scheduled earlier in the step gives its tokens back": with
+//     Victim::kOldest, victims already scheduled in the step leave
+//     out.scheduled, and their tokens return to the step's budget, which the
+//     prefill chunk after them gets.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scheduler.hpp"
+
+using namespace pkv;
+
+namespace {
+
+using Pairs = std::vector<std::pair<int32_t, int32_t>>;
+
+std::string names(const std::vector<Request*>& v) {
+    std::string s;
+    for (const Request* r : v) s += (char)('A' + r->id);
+    return s;
+}
+std::string names(const std::deque<Request*>& v) { return names(std::vector<Request*>(v.begin(), v.end())); }
+std::string names(const std::vector<ScheduledRequest>& v) {
+    std::string s;
+    for (const ScheduledRequest& r : v) s += (char)('A' + r.req->id);
+    return s;
+}
+std::string counts(const std::vector<ScheduledRequest>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i].num_new_tokens);
+    return s;
+}
+
+SamplingParams tokens(int n) {
+    SamplingParams p;
+    p.max_tokens = n;
+    p.ignore_eos = true;
+    return p;
+}
+
+// The engine's part of a step, without a model.
+void complete(Scheduler& s, const SchedulerOutput& out) {
+    std::vector<Request*> sampled;
+    for (const ScheduledRequest& sr : out.scheduled) {
+        const bool reaches_end = sr.req->num_computed_tokens + sr.num_new_tokens == sr.req->num_tokens();
+        s.on_computed(*sr.req, sr.num_new_tokens);
+        if (reaches_end) sampled.push_back(sr.req);
+    }
+    for (Request* r : sampled) {
+        r->tokens.push_back(3);
+        if (r->num_output_tokens() >= r->params.max_tokens) s.finish(*r, FinishReason::kMaxTokens, 0);
+        else if (r->num_tokens() >= s.config().max_model_len) s.finish(*r, FinishReason::kMaxModelLen, 0);
+    }
+}
+
+std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
+
+SchedulerConfig config(Preemption mode, int swap_blocks) {
+    SchedulerConfig c;
+    c.max_model_len = 8;
+    c.preemption = mode;
+    c.swap_space_blocks = swap_blocks;
+    return c;
+}
+
+// The shared situation: runs step 1 and returns step 2's output. C's and D's
+// blocks before step 2 are written to c_block and d_block.
+SchedulerOutput two_victims(Scheduler& s, BlockPool& pool, int32_t& c_block, int32_t& d_block) {
+    s.add_request({11, 12}, tokens(2), 0);  // A
+    s.add_request({13, 14}, tokens(2), 0);  // B
+    s.add_request({15, 16}, tokens(6), 0);  // C
+    s.add_request({17, 18}, tokens(6), 0);  // D
+    s.add_request({19, 20}, tokens(6), 0);  // E: no room
+    SchedulerOutput out = s.schedule();
+    REQUIRE(names(out.scheduled) == "ABCD");
+    REQUIRE(names(s.waiting()) == "E");
+    REQUIRE(pool.num_free_blocks() == 0);
+    complete(s, out);
+    REQUIRE(s.request(2)->block_table.blocks.size() == 1u);
+    REQUIRE(s.request(3)->block_table.blocks.size() == 1u);
+    c_block = s.request(2)->block_table.blocks[0];
+    d_block = s.request(3)->block_table.blocks[0];
+    out = s.schedule();
+    REQUIRE(names(out.preempted) == "DC");
+    REQUIRE(names(out.scheduled) == "AB");
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    int32_t cb = -1, db = -1;
+    const SchedulerOutput out = two_victims(s, pool, cb, db);
+    CHECK(names(s.running()) == "AB");
+    for (int id : {2, 3}) {
+        CAPTURE(id);
+        const Request* v = s.request(id);
+        CHECK(v->state == RequestState::kPreempted);
+        CHECK(v->num_computed_tokens == 0);
+        CHECK(v->num_tokens() == 3);  // prompt + the sampled token
+        CHECK(v->num_output_tokens() == 1);
+        CHECK(v->tokens.back() == 3);
+        CHECK(v->block_table.blocks.empty());
+        CHECK(v->num_preemptions == 1);
+        CHECK(v->swap_slots.empty());
+    }
+    CHECK(s.stats().num_preemptions_total == 2);
+    CHECK(s.stats().num_swap_outs == 0);
+    CHECK(out.swap_out.empty());
+    CHECK(out.total_num_scheduled_tokens == 2);
+    // D's and C's blocks went to A and B.
+    CHECK(s.request(0)->block_table.blocks == std::vector<int32_t>{0, db});
+    CHECK(s.request(1)->block_table.blocks == std::vector<int32_t>{1, cb});
+    CHECK(pool.num_free_blocks() == 0);
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("recompute victims wait at the front of the queue") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    int32_t cb = -1, db = -1;
+    SchedulerOutput out = two_victims(s, pool, cb, db);
+    CHECK(names(s.waiting()) == "CDE");
+    CHECK(s.swapped().empty());
+
+    complete(s, out);  // A and B reach 2 tokens and finish
+    REQUIRE(s.request(0)->finished());
+    REQUIRE(s.request(1)->finished());
+    out = s.schedule();
+    CHECK(names(out.resumed) == "CD");
+    CHECK(names(out.scheduled) == "CD");
+    CHECK(counts(out.scheduled) == "3,3");  // prompt and output, computed again
+    CHECK(names(s.waiting()) == "E");
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("swap keeps computed tokens and records the copies") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kSwap, 8), pool);
+    int32_t cb = -1, db = -1;
+    const SchedulerOutput out = two_victims(s, pool, cb, db);
+    // D went first and got host slot 0, then C got slot 1.
+    CHECK(out.swap_out == Pairs{{db, 0}, {cb, 1}});
+    CHECK(names(s.swapped()) == "CD");
+    CHECK(names(s.waiting()) == "E");
+    CHECK(names(s.running()) == "AB");
+    const Request* c = s.request(2);
+    const Request* d = s.request(3);
+    CHECK(c->swap_slots == std::vector<int32_t>{1});
+    CHECK(d->swap_slots == std::vector<int32_t>{0});
+    for (const Request* v : {c, d}) {
+        CHECK(v->state == RequestState::kPreempted);
+        CHECK(v->num_computed_tokens == 2);
+        CHECK(v->num_tokens() == 3);
+        CHECK(v->block_table.blocks.empty());
+        CHECK(v->num_preemptions == 1);
+    }
+    CHECK(s.stats().num_preemptions_total == 2);
+    CHECK(s.stats().num_swap_outs == 2);
+    CHECK(s.stats().blocks_swapped_out == 2);
+    CHECK(s.stats().num_swap_fallbacks == 0);
+    CHECK(s.swap_space().num_free() == 6);
+    CHECK(s.check_swap_invariants() == "");
+    CHECK(pool.num_free_blocks() == 0);  // A and B took the freed blocks
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("a swapped victim comes back with its computed tokens") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kSwap, 8), pool);
+    int32_t cb = -1, db = -1;
+    SchedulerOutput out = two_victims(s, pool, cb, db);
+    complete(s, out);  // A and B finish
+    out = s.schedule();
+    CHECK(names(out.resumed) == "CD");
+    CHECK(names(out.scheduled) == "CD");
+    CHECK(counts(out.scheduled) == "1,1");  // only the sampled token is new
+    const Request* c = s.request(2);
+    const Request* d = s.request(3);
+    REQUIRE(c->block_table.blocks.size() == 2u);
+    REQUIRE(d->block_table.blocks.size() == 2u);
+    CHECK(out.swap_in == Pairs{{c->block_table.blocks[0], 1}, {d->block_table.blocks[0], 0}});
+    CHECK(s.swapped().empty());
+    CHECK(s.swap_space().num_free() == 8);
+    CHECK(s.check_swap_invariants() == "");
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("a victim that does not fit the swap space is recomputed") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kSwap, 1), pool);
+    int32_t cb = -1, db = -1;
+    const SchedulerOutput out = two_victims(s, pool, cb, db);
+    CHECK(out.swap_out == Pairs{{db, 0}});
+    CHECK(names(s.swapped()) == "D");
+    CHECK(names(s.waiting()) == "CE");
+    const Request* c = s.request(2);
+    CHECK(c->state == RequestState::kPreempted);
+    CHECK(c->num_computed_tokens == 0);
+    CHECK(c->num_tokens() == 3);
+    CHECK(c->swap_slots.empty());
+    CHECK(c->block_table.blocks.empty());
+    CHECK(s.request(3)->num_computed_tokens == 2);
+    CHECK(s.stats().num_preemptions_total == 2);
+    CHECK(s.stats().num_swap_outs == 1);
+    CHECK(s.stats().blocks_swapped_out == 1);
+    CHECK(s.stats().num_swap_fallbacks == 1);
+    CHECK(s.swap_space().num_free() == 0);
+    CHECK(s.check_swap_invariants() == "");
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
+    // Block size 2, 5 blocks. A (4 tokens computed, 2 blocks) needs a third
+    // block for its next position and takes the last free one; C then needs
+    // one too, and with kOldest its victim is A. A holds 3 blocks, but only
+    // the first two have K/V in them: those two are copied, in logical order.
+    BlockPool pool(5, 2, false);
+    SchedulerConfig cfg = config(Preemption::kSwap, 8);
+    cfg.victim = Victim::kOldest;
+    Scheduler s(cfg, pool);
+    Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
+    s.add_request({5}, tokens(3), 0);
+    s.add_request({6, 7}, tokens(3), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(names(out.scheduled) == "ABC");
+    REQUIRE(pool.num_free_blocks() == 1);
+    complete(s, out);
+    REQUIRE(a->block_table.blocks.size() == 2u);
+    const std::vector<int32_t> a_blocks = a->block_table.blocks;
+
+    out = s.schedule();
+    CHECK(names(out.preempted) == "A");
+    CHECK(names(out.scheduled) == "BC");
+    CHECK(out.swap_out == Pairs{{a_blocks[0], 0}, {a_blocks[1], 1}});
+    CHECK(a->swap_slots == std::vector<int32_t>{0, 1});
+    CHECK(a->num_computed_tokens == 4);
+    CHECK(a->block_table.blocks.empty());
+    CHECK(s.stats().num_swap_outs == 1);
+    CHECK(s.stats().blocks_swapped_out == 2);
+    CHECK(s.swap_space().num_free() == 6);
+    CHECK(names(s.swapped()) == "A");
+    CHECK(pool.num_free_blocks() == 2);  // A's 3 blocks back, C took one
+    CHECK(s.check_swap_invariants() == "");
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("a victim scheduled earlier in the step gives its tokens back") {
+    // Block size 2, 3 blocks, budget 4 tokens a step, chunked prefill.
+    BlockPool pool(3, 2, false);
+    SchedulerConfig cfg = config(Preemption::kRecompute, 0);
+    cfg.max_model_len = 6;
+    cfg.max_num_batched_tokens = 4;
+    cfg.full_sequence_must_fit = false;
+    cfg.victim = Victim::kOldest;
+    Scheduler s(cfg, pool);
+    Request* a = s.add_request({1}, tokens(4), 0);
+    Request* b = s.add_request({2, 3}, tokens(4), 0);
+    Request* c = s.add_request({4, 5, 6, 7, 8}, tokens(1), 0);
+    SchedulerOutput out = s.schedule();  // A 1, B 2, C's first chunk 1: one block each
+    REQUIRE(names(out.scheduled) == "ABC");
+    REQUIRE(counts(out.scheduled) == "1,2,1");
+    REQUIRE(pool.num_free_blocks() == 0);
+    complete(s, out);
+
+    // A decodes (budget 4 -> 3). B needs a block: its victim is A, already
+    // scheduled, whose token comes back (-> 4); B decodes (-> 3). C's next
+    // chunk is 3 tokens (it would be 2 had A kept its token), needs a
+    // block, and preempts B, now the oldest.
+    out = s.schedule();
+    CHECK(names(out.preempted) == "AB");
+    CHECK(names(out.scheduled) == "C");
+    CHECK(counts(out.scheduled) == "3");
+    CHECK(out.total_num_scheduled_tokens == 3);
+    CHECK(names(s.waiting()) == "BA");  // each victim went to the front
+    for (const Request* v : {a, b}) {
+        CHECK(v->state == RequestState::kPreempted);
+        CHECK(v->num_computed_tokens == 0);
+        CHECK(v->block_table.blocks.empty());
+    }
+    CHECK(c->block_table.blocks.size() == 2u);
+    CHECK(pool.num_free_blocks() == 1);
+    CHECK(consistent(s, pool) == "");
+}

@@ -69,8 +69,10 @@
 #else
 #include <atomic>
 #include <barrier>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <semaphore>
 #include <thread>
 #endif
@@ -89,10 +91,10 @@
 
 // What the course kit (COURSE.md, tools/kit.cpp) writes in a student's copy
 // where it cut an exercise out of code that may run on a GPU. On the host,
-// and in an emulated kernel, it throws (in an emulated kernel that ends the
-// program: the exception leaves a worker thread, and the message is printed);
-// on a GPU a thread cannot throw, so it prints and traps, which fails the
-// launch. Headers that never reach a GPU get a plain throw instead.
+// and in an emulated kernel, it throws (launch() rethrows a kernel thread's
+// exception on the host); on a GPU a thread cannot throw, so it prints and
+// traps, which fails the launch. Headers that never reach a GPU get a plain
+// throw instead.
 #if defined(__CUDA_ARCH__)
 #define PKV_EXERCISE_TODO(n, title)                                     \
     do {                                                                \
@@ -348,19 +350,36 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
     std::vector<unsigned char> shared(shared_bytes + 16, 0xFF);  // [shared_bytes] (+16: never a null pointer)
     std::barrier<> sync_bar((std::ptrdiff_t)nthreads);                                   // __syncthreads
     std::barrier<emu::RefillShared> end_bar((std::ptrdiff_t)nthreads, emu::RefillShared{&shared});  // end of a block
+    // A kernel thread that throws (a GPU thread cannot; here a bounds check or
+    // an exercise stub can) leaves the launch: it drops out of both barriers,
+    // so the block's other threads are not left waiting for it, and its
+    // exception is rethrown on the host once every thread has returned. The
+    // launch's results are garbage then, as after a GPU fault.
+    std::mutex error_mu;
+    std::exception_ptr error;  // the first thread's exception
     const std::function<void(unsigned)> body = [&](unsigned tid) {
         threadIdx = dim3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
         blockDim = block;
         gridDim = grid;
         emu::block_barrier = &sync_bar;
         emu::block_shared = shared.data();
-        for (unsigned long long b = 0; b < nblocks; ++b) {
-            blockIdx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
-            kernel(args...);
-            if (shared_bytes > 0) end_bar.arrive_and_wait();
+        try {
+            for (unsigned long long b = 0; b < nblocks; ++b) {
+                blockIdx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
+                kernel(args...);
+                if (shared_bytes > 0) end_bar.arrive_and_wait();
+            }
+        } catch (...) {
+            {
+                std::lock_guard<std::mutex> lock(error_mu);
+                if (!error) error = std::current_exception();
+            }
+            sync_bar.arrive_and_drop();
+            if (shared_bytes > 0) end_bar.arrive_and_drop();
         }
     };
     emu::pool().run((unsigned)nthreads, body);
+    if (error) std::rethrow_exception(error);
 }
 
 // Device memory is host memory. A kernel reads it as on a GPU, but so could

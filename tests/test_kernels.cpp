@@ -456,6 +456,35 @@ TEST_CASE("paged_attention rejects unsupported shapes") {
     }
 }
 
+#ifndef __CUDACC__
+// Emulation only (a GPU thread cannot throw): a kernel in which some threads
+// throw between two barriers. Those threads leave the block's barriers, the
+// others run to the end instead of waiting forever, and the first exception
+// comes back to the host from launch().
+PKV_KERNEL void throwing_kernel(int* out, int thrower) {
+    const int tid = (int)pkv::threadIdx.x;
+    pkv::syncthreads();
+    if (tid % 4 == thrower) throw std::runtime_error("thread " + std::to_string(tid) + " threw");
+    pkv::syncthreads();
+    out[tid] = 1;
+}
+
+// Proves a throwing emulated kernel thread neither hangs the launch nor ends
+// the program: launch() rethrows on the host, the threads that did not throw
+// finished, and the next launch runs normally.
+TEST_CASE("a kernel thread that throws: the launch rethrows it on the host") {
+    std::vector<int> out(32, 0);
+    CHECK_THROWS_WITH_AS(pkv::launch(throwing_kernel, pkv::dim3(2), pkv::dim3(32), 64, out.data(), 1),
+                         doctest::Contains("threw"), std::runtime_error);
+    int finished = 0;
+    for (int i = 0; i < 32; ++i) finished += out[i];
+    CHECK(finished == 24);  // every thread but 1, 5, 9, ..., 29
+    std::fill(out.begin(), out.end(), 0);
+    pkv::launch(throwing_kernel, pkv::dim3(2), pkv::dim3(32), 64, out.data(), -1);  // nobody throws
+    CHECK(std::count(out.begin(), out.end(), 1) == 32);
+}
+#endif
+
 // ===========================================================================
 // 3. The GEMM
 // ===========================================================================

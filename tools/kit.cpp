@@ -617,10 +617,18 @@ std::string first_lines(const std::string& text, int n) {
     int k = 0;
     for (std::string line; std::getline(ss, line) && k < n;) {
         if (line.find_first_not_of(" =\t") == std::string::npos) continue;  // doctest's rulers
-        if (line.rfind("[doctest]", 0) == 0) continue;
+        if (line.rfind("[doctest]", 0) == 0 || line.rfind("TEST CASE:", 0) == 0) continue;
+        if (line.back() == ':' && line.find(' ') == std::string::npos) continue;  // "file:line:" of the case
         out += (k++ ? "\n" : "") + line;
     }
     return out;
+}
+
+// `text` without any occurrence of `cut` (the grading tree's path, which
+// means nothing to a student).
+std::string without(std::string text, const std::string& cut) {
+    for (size_t p; (p = text.find(cut)) != std::string::npos;) text.erase(p, cut.size());
+    return text;
 }
 
 // Why a check failed, from what it printed.
@@ -674,7 +682,7 @@ public:
                 c.name = names[i];
                 const RunResult r = memo_run(bin, "-tc=" + quote(names[i]) + " --no-colors", opt_.timeout_s);
                 c.pass = r.status == 0 && ran_one_and_passed(r.output);
-                if (!c.pass) c.why = reason(r, n);
+                if (!c.pass) c.why = without(reason(r, n), dir.string() + "/");
             } else {
                 c.name = "no data race under ThreadSanitizer";
                 const RunResult r = memo_run(tsan_bin, "--no-colors", opt_.timeout_s * 5);
@@ -776,7 +784,7 @@ const char* kKitMk =
     "KIT_CXXFLAGS := -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function "
     "-Wno-unused-private-field -Wno-return-type\n";
 
-void cut(const fs::path& ref_root, const fs::path& out, const std::set<int>& which_in, bool all) {
+void cut(const fs::path& ref_root, const fs::path& out, const std::set<int>& which_in, bool all, bool quiet = false) {
     const std::vector<std::string> files = project_files(ref_root);
     const std::map<int, Exercise> ex = scan_exercises(ref_root, files);
     std::set<int> which = which_in;
@@ -808,6 +816,7 @@ void cut(const fs::path& ref_root, const fs::path& out, const std::set<int>& whi
                                      "reference = " + abs_ref.string() + "\nexercises = " + cut_list + "\n");
     write_file(abs_out / ".kit.mk", kKitMk);
     write_file(abs_out / "ANSWERS.txt", answers_template());
+    if (quiet) return;
     std::printf("kit: wrote a student copy to %s\n", abs_out.string().c_str());
     for (int n : which) {
         const Exercise& e = ex.at(n);
@@ -890,7 +899,7 @@ void grade_questions(const fs::path& root, const std::map<std::string, std::stri
             }
         }
         rep.questions_right += right;
-        if (print) std::printf("question %-2s %-44s %s\n", q.id.substr(1).c_str(), q.command.c_str(), verdict.c_str());
+        if (print) std::printf("question %-2s %-62s %s\n", q.id.substr(1).c_str(), q.command.c_str(), verdict.c_str());
     }
 }
 
@@ -1027,14 +1036,14 @@ int selftest(const fs::path& root_in, const Options& opt) {
     for (const auto& e : a.exercises) expect(e.checks.size() >= 3, "exercise " + std::to_string(e.number) + " has " + std::to_string(e.checks.size()) + " checks");
 
     std::printf("(b) every exercise cut: each fails, every check 'not implemented'\n");
-    cut(root, work / "copies/all", {}, true);
+    cut(root, work / "copies/all", {}, true, true);
     GradeReport b = grade(work / "copies/all", root.string(), {}, false, opt, true, &g);
     for (const auto& e : b.exercises) expect(e.all_not_implemented(), "exercise " + std::to_string(e.number) + ": all checks not implemented");
 
     std::printf("(c) one exercise cut: that one fails, no other does\n");
     for (const auto& [n, e] : ex) {
         const fs::path dir = work / ("copies/ex" + std::to_string(n));
-        cut(root, dir, {n}, false);
+        cut(root, dir, {n}, false, true);
         GradeReport c = grade(dir, root.string(), {}, false, opt, false, &g);
         bool ok = true;
         std::string detail;
@@ -1051,7 +1060,7 @@ int selftest(const fs::path& root_in, const Options& opt) {
     std::printf("(d) exercise 9 with a barrier deleted fails under ThreadSanitizer\n");
     {
         const fs::path dir = work / "copies/barrier";
-        cut(root, dir, {}, false);
+        cut(root, dir, {}, false, true);
         const fs::path f = dir / "paged_kv.cuh";
         std::string text = read_file(f);
         bool removed = false;
@@ -1077,7 +1086,7 @@ int selftest(const fs::path& root_in, const Options& opt) {
     std::printf("(e) the questions: the key's own answers pass, a wrong one fails\n");
     {
         const fs::path dir = work / "copies/answers";
-        cut(root, dir, {}, false);
+        cut(root, dir, {}, false, true);
         std::string right = answers_template(), wrong;
         // The key, from the reference, written into the copy's ANSWERS.txt.
         RunResult mk = run("make -s -C " + quote(root.string()) + " build/overload build/study");

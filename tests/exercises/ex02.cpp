@@ -37,24 +37,20 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
 
-using Ids = std::vector<int32_t>;
-
 // The free list from head to tail; checks every back link on the way.
 Ids free_list(const BlockPool& pool) {
-    Ids order;
+    const Ids order = walk_free_list(pool);
     int32_t prev = -1;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) {
-        REQUIRE(b >= 0);
-        REQUIRE(b < pool.num_blocks());
-        REQUIRE((int)order.size() < pool.num_blocks());  // no cycle
+    for (int32_t b : order) {
         CHECK(pool.block(b).prev_free == prev);
         CHECK(pool.block(b).in_free_list);
-        order.push_back(b);
         prev = b;
     }
     return order;

@@ -38,12 +38,12 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
-
-using Ids = std::vector<int32_t>;
 
 Ids concat(std::initializer_list<Ids> parts) {
     Ids v;

@@ -36,21 +36,12 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
-
-using Ids = std::vector<int32_t>;
-
-Ids free_list(const BlockPool& pool) {
-    Ids order;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) {
-        REQUIRE((int)order.size() < pool.num_blocks());
-        order.push_back(b);
-    }
-    return order;
-}
 
 std::string consistent(const BlockPool& pool, std::vector<const BlockTable*> tables) {
     std::vector<const Ids*> lists;
@@ -64,7 +55,7 @@ void set_free_order(BlockPool& pool, const Ids& order) {
     Ids all;
     REQUIRE(pool.allocate(pool.num_blocks(), all));
     pool.release(order);
-    REQUIRE(free_list(pool) == order);
+    REQUIRE(walk_free_list(pool) == order);
 }
 
 // Blocks `ids` (held by the caller) become the cached chain of `toks`, one
@@ -82,12 +73,6 @@ std::vector<uint64_t> cache_chain(BlockPool& pool, const Ids& ids, const Ids& to
         parent = h;
     }
     return hashes;
-}
-
-Ids iota(int first, int n) {
-    Ids v;
-    for (int i = 0; i < n; ++i) v.push_back(first + i);
-    return v;
 }
 
 }  // namespace
@@ -116,12 +101,12 @@ TEST_CASE("a table that cannot grow is left as it was") {
     REQUIRE(allocate_slots(pool, a, {}, 3));  // 2 blocks
     REQUIRE(allocate_slots(pool, b, {}, 1));  // 1 block
     REQUIRE(pool.num_free_blocks() == 1);
-    const Ids a_before = a.blocks, free_before = free_list(pool);
+    const Ids a_before = a.blocks, free_before = walk_free_list(pool);
 
     CHECK_FALSE(allocate_slots(pool, a, {}, 7));  // 4 blocks: 2 more, 1 free
     CHECK(a.blocks == a_before);
     CHECK(pool.num_free_blocks() == 1);
-    CHECK(free_list(pool) == free_before);
+    CHECK(walk_free_list(pool) == free_before);
     CHECK(consistent(pool, {&a, &b}) == "");
 
     CHECK_FALSE(allocate_slots(pool, b, {}, 6));  // 3 blocks: 2 more, 1 free
@@ -172,7 +157,7 @@ TEST_CASE("prefix hits come first and continue the hash chain") {
 
 TEST_CASE("hits sitting in the free list count against capacity") {
     BlockPool pool(3, 4, true);
-    const Ids toks = iota(70, 13);
+    const Ids toks = run_of(70, 13);
     {
         BlockTable first;
         REQUIRE(allocate_slots(pool, first, {}, 8));  // blocks 0, 1
@@ -180,7 +165,7 @@ TEST_CASE("hits sitting in the free list count against capacity") {
         pool.release({1, 0});  // free, still cached
     }
     REQUIRE(pool.num_free_blocks() == 3);
-    const Ids free_before = free_list(pool);  // 2, 1, 0
+    const Ids free_before = walk_free_list(pool);  // 2, 1, 0
 
     BlockTable t;
     CHECK_FALSE(allocate_slots(pool, t, {0, 1}, 13));  // 2 free hits + 2 new > 3 free
@@ -188,7 +173,7 @@ TEST_CASE("hits sitting in the free list count against capacity") {
     CHECK(t.num_hashed == 0);
     CHECK(t.last_hash == kRootHash);
     CHECK(pool.num_free_blocks() == 3);
-    CHECK(free_list(pool) == free_before);
+    CHECK(walk_free_list(pool) == free_before);
     CHECK(pool.block(0).ref_cnt == 0);
     CHECK(pool.block(1).ref_cnt == 0);
     CHECK(pool.num_cached_blocks() == 2u);  // nothing evicted either
@@ -203,7 +188,7 @@ TEST_CASE("hits sitting in the free list count against capacity") {
 
 TEST_CASE("hits on held blocks cost no free block") {
     BlockPool pool(3, 4, true);
-    const Ids toks = iota(30, 9);
+    const Ids toks = run_of(30, 9);
     BlockTable owner;
     REQUIRE(allocate_slots(pool, owner, {}, 8));  // blocks 0, 1: held
     cache_chain(pool, owner.blocks, toks);
@@ -232,7 +217,7 @@ TEST_CASE("free blocks returns the last logical block first") {
     REQUIRE(allocate_slots(pool, t, {}, 12));
     REQUIRE(t.blocks == Ids{5, 2, 6});
     free_blocks(pool, t);
-    CHECK(free_list(pool) == Ids{6, 2, 5, 0, 3, 1, 4});
+    CHECK(walk_free_list(pool) == Ids{6, 2, 5, 0, 3, 1, 4});
     Ids next;
     REQUIRE(pool.allocate(1, next));
     CHECK(next == Ids{6});
@@ -244,9 +229,9 @@ TEST_CASE("free blocks returns the last logical block first") {
     BlockTable c;
     REQUIRE(allocate_slots(pc, c, {}, 6));
     REQUIRE(c.blocks == Ids{3, 0, 4});
-    cache_chain(pc, c.blocks, iota(1, 6));
+    cache_chain(pc, c.blocks, run_of(1, 6));
     free_blocks(pc, c);
-    CHECK(free_list(pc) == Ids{1, 5, 2, 4, 0, 3});
+    CHECK(walk_free_list(pc) == Ids{1, 5, 2, 4, 0, 3});
     CHECK(consistent(pc, {}) == "");
 }
 

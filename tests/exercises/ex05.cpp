@@ -3,9 +3,10 @@
 // Scheduler::schedule() and Scheduler::pick_victim).
 //
 // Each check drives a Scheduler over a small BlockPool and plays the engine's
-// part itself (complete(): mark the scheduled tokens computed, append one
-// output token to each request whose computation reached its end). Requests
-// are named by letter in the order they were added: A, B, C, ...
+// part itself (complete() in check_util.hpp: mark the scheduled tokens
+// computed, append one output token to each request whose computation
+// reached its end). Requests are named by letter in the order they were
+// added: A, B, C, ...
 //
 // The "victim" checks share one situation (block size 2, 5 blocks): A and B
 // run from step 1, C joins at step 3, so at step 5 A and B have 4 output
@@ -37,27 +38,12 @@
 #include <vector>
 
 #include "scheduler.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
-
-std::string names(const std::vector<Request*>& v) {
-    std::string s;
-    for (const Request* r : v) s += (char)('A' + r->id);
-    return s;
-}
-std::string names(const std::vector<ScheduledRequest>& v) {
-    std::string s;
-    for (const ScheduledRequest& r : v) s += (char)('A' + r.req->id);
-    return s;
-}
-// The tokens each scheduled request got, e.g. "1,4".
-std::string counts(const std::vector<ScheduledRequest>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i].num_new_tokens);
-    return s;
-}
 
 SchedulerConfig config(int max_model_len, Victim victim = Victim::kNewest) {
     SchedulerConfig c;
@@ -65,30 +51,6 @@ SchedulerConfig config(int max_model_len, Victim victim = Victim::kNewest) {
     c.victim = victim;
     return c;
 }
-
-SamplingParams tokens(int n) {
-    SamplingParams p;
-    p.max_tokens = n;
-    p.ignore_eos = true;
-    return p;
-}
-
-// The engine's part of a step, without a model.
-void complete(Scheduler& s, const SchedulerOutput& out) {
-    std::vector<Request*> sampled;
-    for (const ScheduledRequest& sr : out.scheduled) {
-        const bool reaches_end = sr.req->num_computed_tokens + sr.num_new_tokens == sr.req->num_tokens();
-        s.on_computed(*sr.req, sr.num_new_tokens);
-        if (reaches_end) sampled.push_back(sr.req);
-    }
-    for (Request* r : sampled) {
-        r->tokens.push_back(3);
-        if (r->num_output_tokens() >= r->params.max_tokens) s.finish(*r, FinishReason::kMaxTokens, 0);
-        else if (r->num_tokens() >= s.config().max_model_len) s.finish(*r, FinishReason::kMaxModelLen, 0);
-    }
-}
-
-std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
 
 // The shared victim situation: returns the output of step 5's schedule().
 SchedulerOutput victim_step(Scheduler& s, BlockPool& pool) {

@@ -2,9 +2,10 @@
 // by swap" (scheduler.hpp: Scheduler::preempt).
 //
 // Each check drives a Scheduler over a small BlockPool and plays the engine's
-// part itself (complete(): mark the scheduled tokens computed, append one
-// output token to each request whose computation reached its end). Requests
-// are named by letter in the order they were added: A, B, C, ...
+// part itself (complete() in check_util.hpp: mark the scheduled tokens
+// computed, append one output token to each request whose computation
+// reached its end). Requests are named by letter in the order they were
+// added: A, B, C, ...
 //
 // Most checks share one situation (block size 2, 4 blocks): A, B, C and D
 // each hold one block with two tokens computed and one sampled, so each needs
@@ -42,59 +43,19 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "scheduler.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
 
 using Pairs = std::vector<std::pair<int32_t, int32_t>>;
-
-std::string names(const std::vector<Request*>& v) {
-    std::string s;
-    for (const Request* r : v) s += (char)('A' + r->id);
-    return s;
-}
-std::string names(const std::deque<Request*>& v) { return names(std::vector<Request*>(v.begin(), v.end())); }
-std::string names(const std::vector<ScheduledRequest>& v) {
-    std::string s;
-    for (const ScheduledRequest& r : v) s += (char)('A' + r.req->id);
-    return s;
-}
-std::string counts(const std::vector<ScheduledRequest>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i].num_new_tokens);
-    return s;
-}
-
-SamplingParams tokens(int n) {
-    SamplingParams p;
-    p.max_tokens = n;
-    p.ignore_eos = true;
-    return p;
-}
-
-// The engine's part of a step, without a model.
-void complete(Scheduler& s, const SchedulerOutput& out) {
-    std::vector<Request*> sampled;
-    for (const ScheduledRequest& sr : out.scheduled) {
-        const bool reaches_end = sr.req->num_computed_tokens + sr.num_new_tokens == sr.req->num_tokens();
-        s.on_computed(*sr.req, sr.num_new_tokens);
-        if (reaches_end) sampled.push_back(sr.req);
-    }
-    for (Request* r : sampled) {
-        r->tokens.push_back(3);
-        if (r->num_output_tokens() >= r->params.max_tokens) s.finish(*r, FinishReason::kMaxTokens, 0);
-        else if (r->num_tokens() >= s.config().max_model_len) s.finish(*r, FinishReason::kMaxModelLen, 0);
-    }
-}
-
-std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
 
 SchedulerConfig config(Preemption mode, int swap_blocks) {
     SchedulerConfig c;

@@ -2,9 +2,10 @@
 // the full-sequence gate" (Scheduler::try_admit in scheduler.hpp).
 //
 // Every check drives a Scheduler over a small BlockPool directly and plays
-// the engine's part itself (finish_step below: mark the scheduled tokens
-// computed, append a token to whoever reached the end of its sequence, finish
-// at max_tokens). The expected block counts are worked out in the comments.
+// the engine's part itself (complete() in check_util.hpp: mark the scheduled
+// tokens computed, append a token to whoever reached the end of its sequence,
+// finish at max_tokens or max_model_len). The expected block counts are
+// worked out in the comments.
 //
 //   - a new prompt gets a chunk capped by the step's token budget, and only
 //     that chunk's blocks are allocated (bet admission);
@@ -27,8 +28,10 @@
 
 #include "block_pool.hpp"
 #include "scheduler.hpp"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
 
@@ -39,42 +42,11 @@ SchedulerConfig config(int max_model_len, int budget = 256) {
     return c;
 }
 
-SamplingParams params(int max_tokens) {
-    SamplingParams p;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = true;
-    return p;
-}
-
-// n tokens first, first + 1, ...
-std::vector<int32_t> run_of(int first, int n) {
-    std::vector<int32_t> t;
-    for (int i = 0; i < n; ++i) t.push_back(first + i);
-    return t;
-}
-
-// The engine's part of a step, without a model.
-void finish_step(Scheduler& s, const SchedulerOutput& out, int32_t token = 99) {
-    std::vector<Request*> sampled;
-    for (const ScheduledRequest& sr : out.scheduled) {
-        const bool reaches_end = sr.req->num_computed_tokens + sr.num_new_tokens == sr.req->num_tokens();
-        s.on_computed(*sr.req, sr.num_new_tokens);
-        if (reaches_end) sampled.push_back(sr.req);
-    }
-    for (Request* r : sampled) {
-        r->tokens.push_back(token);
-        if (r->num_output_tokens() >= r->params.max_tokens || r->num_tokens() >= s.config().max_model_len)
-            s.finish(*r, FinishReason::kMaxTokens, 0.0);
-    }
-}
-
 int scheduled_tokens(const SchedulerOutput& out, const Request* r) {
     for (const ScheduledRequest& sr : out.scheduled)
         if (sr.req == r) return sr.num_new_tokens;
     return 0;
 }
-
-std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
 
 }  // namespace
 
@@ -84,9 +56,9 @@ std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.
 TEST_CASE("a new prompt gets a chunk capped by the budget and only its blocks") {
     BlockPool pool(16, 4, true);  // caching on: queries are counted, nothing is hit
     Scheduler s(config(64, 10), pool);
-    Request* a = s.add_request(run_of(10, 6), params(4), 0);
-    Request* b = s.add_request(run_of(20, 9), params(4), 0);
-    Request* c = s.add_request(run_of(30, 3), params(4), 0);
+    Request* a = s.add_request(run_of(10, 6), tokens(4), 0);
+    Request* b = s.add_request(run_of(20, 9), tokens(4), 0);
+    Request* c = s.add_request(run_of(30, 3), tokens(4), 0);
     const SchedulerOutput out = s.schedule();
     REQUIRE(out.scheduled.size() == 2);
     CHECK(scheduled_tokens(out, a) == 6);
@@ -113,8 +85,8 @@ TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffice
         SchedulerConfig cfg = config(16, 9);
         cfg.full_sequence_must_fit = gate;
         Scheduler s(cfg, pool);
-        Request* a = s.add_request(run_of(10, 8), params(1), 0);
-        Request* b = s.add_request(run_of(30, 12), params(2), 0);
+        Request* a = s.add_request(run_of(10, 8), tokens(1), 0);
+        Request* b = s.add_request(run_of(30, 12), tokens(2), 0);
         SchedulerOutput out = s.schedule();
         CHECK(scheduled_tokens(out, a) == 8);
         if (gate) {
@@ -125,7 +97,7 @@ TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffice
             CHECK(s.stats().prefix_cache_queries == 8);  // B was not admitted: not counted
             // A finishes and frees its blocks: now B's 12 tokens fit, and it
             // starts with a full 9-token chunk (3 blocks).
-            finish_step(s, out);
+            complete(s, out);
             REQUIRE(a->finished());
             out = s.schedule();
             CHECK(b->state == RequestState::kRunning);
@@ -151,13 +123,13 @@ TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffice
 TEST_CASE("a preempted request must fit with its outputs") {
     BlockPool pool(4, 4, false);
     Scheduler s(config(16, 5), pool);
-    Request* a = s.add_request(run_of(10, 4), params(10), 0);
-    Request* b = s.add_request(run_of(20, 4), params(10), 0);
+    Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
+    Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
     SchedulerOutput out = s.schedule();
     REQUIRE(out.scheduled.size() == 2);
     for (int guard = 0; b->num_preemptions == 0; ++guard) {
         REQUIRE(guard < 20);
-        finish_step(s, out);
+        complete(s, out);
         out = s.schedule();
     }
     REQUIRE(b->state == RequestState::kPreempted);
@@ -166,7 +138,7 @@ TEST_CASE("a preempted request must fit with its outputs") {
     REQUIRE(pool.num_free_blocks() == 1);
     // The next steps: A decodes into its third block, B stays out.
     for (int step = 0; step < 3; ++step) {
-        finish_step(s, out);
+        complete(s, out);
         out = s.schedule();
         CAPTURE(step);
         CHECK(b->state == RequestState::kPreempted);
@@ -177,7 +149,7 @@ TEST_CASE("a preempted request must fit with its outputs") {
     // Once A is done B comes back, its whole sequence to recompute.
     for (int guard = 0; !a->finished(); ++guard) {
         REQUIRE(guard < 20);
-        finish_step(s, out);
+        complete(s, out);
         out = s.schedule();
     }
     CHECK(b->state == RequestState::kRunning);
@@ -193,9 +165,9 @@ TEST_CASE("reserve admission allocates prompt plus max tokens capped at max mode
     SchedulerConfig cfg = config(24);
     cfg.admission = Admission::kReserve;
     Scheduler s(cfg, pool);
-    Request* a = s.add_request(run_of(10, 3), params(10), 0);
-    Request* b = s.add_request(run_of(20, 2), params(100), 0);
-    Request* c = s.add_request(run_of(30, 1), params(1), 0);
+    Request* a = s.add_request(run_of(10, 3), tokens(10), 0);
+    Request* b = s.add_request(run_of(20, 2), tokens(100), 0);
+    Request* c = s.add_request(run_of(30, 1), tokens(1), 0);
     SchedulerOutput out = s.schedule();
     CHECK(scheduled_tokens(out, a) == 3);
     CHECK(scheduled_tokens(out, b) == 2);
@@ -206,7 +178,7 @@ TEST_CASE("reserve admission allocates prompt plus max tokens capped at max mode
     CHECK(consistent(s, pool) == "");
     // The reservation is what the request grows into: no step allocates more.
     for (int step = 0; step < 6; ++step) {
-        finish_step(s, out);
+        complete(s, out);
         out = s.schedule();
         CHECK(out.preempted.empty());
         CHECK(a->block_table.blocks.size() == 4);
@@ -224,9 +196,9 @@ TEST_CASE("the watermark keeps its share of all blocks free next to running requ
         SchedulerConfig cfg = config(32);
         cfg.watermark = wm;
         Scheduler s(cfg, pool);
-        Request* a = s.add_request(run_of(10, 12), params(2), 0);
-        Request* b = s.add_request(run_of(30, 12), params(2), 0);
-        Request* c = s.add_request(run_of(50, 2), params(2), 0);
+        Request* a = s.add_request(run_of(10, 12), tokens(2), 0);
+        Request* b = s.add_request(run_of(30, 12), tokens(2), 0);
+        Request* c = s.add_request(run_of(50, 2), tokens(2), 0);
         const SchedulerOutput out = s.schedule();
         CHECK(a->state == RequestState::kRunning);
         CHECK(b->state == RequestState::kRunning);
@@ -254,8 +226,8 @@ TEST_CASE("the watermark never keeps a request out of an idle scheduler") {
     SchedulerConfig cfg = config(32);
     cfg.watermark = 0.5;
     Scheduler s(cfg, pool);
-    Request* a = s.add_request(run_of(10, 20), params(2), 0);
-    Request* b = s.add_request(run_of(40, 3), params(2), 0);
+    Request* a = s.add_request(run_of(10, 20), tokens(2), 0);
+    Request* b = s.add_request(run_of(40, 3), tokens(2), 0);
     SchedulerOutput out = s.schedule();
     CHECK(a->state == RequestState::kRunning);
     CHECK(scheduled_tokens(out, a) == 20);
@@ -264,7 +236,7 @@ TEST_CASE("the watermark never keeps a request out of an idle scheduler") {
     CHECK(pool.num_free_blocks() == 3);
     for (int guard = 0; !a->finished(); ++guard) {
         REQUIRE(guard < 10);
-        finish_step(s, out);
+        complete(s, out);
         out = s.schedule();
         if (!a->finished()) CHECK(b->state == RequestState::kWaiting);
     }
@@ -282,15 +254,15 @@ TEST_CASE("the watermark never keeps a request out of an idle scheduler") {
 TEST_CASE("prefix hits on held blocks skip their tokens and cost no free block") {
     BlockPool pool(8, 4, true);
     Scheduler s(config(32), pool);
-    Request* a = s.add_request(run_of(3, 17), params(10), 0);
+    Request* a = s.add_request(run_of(3, 17), tokens(10), 0);
     SchedulerOutput out = s.schedule();
     REQUIRE(scheduled_tokens(out, a) == 17);
-    finish_step(s, out);
+    complete(s, out);
     REQUIRE(pool.num_free_blocks() == 3);
     std::vector<int32_t> prompt = run_of(3, 16);
     const std::vector<int32_t> tail = run_of(100, 12);
     prompt.insert(prompt.end(), tail.begin(), tail.end());
-    Request* b = s.add_request(prompt, params(4), 0);
+    Request* b = s.add_request(prompt, tokens(4), 0);
     out = s.schedule();
     CHECK(scheduled_tokens(out, a) == 1);
     CHECK(b->state == RequestState::kRunning);
@@ -318,18 +290,18 @@ TEST_CASE("prefix hits on free blocks count against free capacity") {
         SchedulerConfig cfg = config(48);
         cfg.watermark = wm;
         Scheduler s(cfg, pool);
-        Request* z = s.add_request(run_of(3, 16), params(1), 0);
-        finish_step(s, s.schedule());
+        Request* z = s.add_request(run_of(3, 16), tokens(1), 0);
+        complete(s, s.schedule());
         REQUIRE(z->finished());
         REQUIRE(pool.num_free_blocks() == 12);
-        Request* a = s.add_request(run_of(200, 19), params(8), 0);
-        finish_step(s, s.schedule());
+        Request* a = s.add_request(run_of(200, 19), tokens(8), 0);
+        complete(s, s.schedule());
         REQUIRE(a->state == RequestState::kRunning);
         REQUIRE(pool.num_free_blocks() == 7);
         std::vector<int32_t> prompt = run_of(3, 16);
         prompt.push_back(300);
         prompt.push_back(301);
-        Request* b = s.add_request(prompt, params(4), 0);
+        Request* b = s.add_request(prompt, tokens(4), 0);
         const long queries = s.stats().prefix_cache_queries, hits = s.stats().prefix_cache_hits;
         const SchedulerOutput out = s.schedule();
         if (wm > 0) {

@@ -3,7 +3,8 @@
 //
 // Every check builds sequences whose keys and values are first drawn as
 // plain contiguous arrays, computes causal attention over those arrays in
-// double precision (dense_attention below: nothing paged about it), then
+// double precision (dense_attention in check_util.hpp: nothing paged about
+// it), then
 // scatters the same vectors into a paged cache through shuffled block tables
 // and asks paged_attention_ref for the same numbers. A correct two-pass
 // softmax and a correct online softmax both land within the tolerance
@@ -22,141 +23,40 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "block_pool.hpp"
 #include "paged_kv.cuh"
+#include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
+using namespace pkv_check;
 
 namespace {
-
-// splitmix64: the same numbers on every platform.
-struct Rand {
-    uint64_t s;
-    explicit Rand(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform(float lo, float hi) { return lo + (hi - lo) * (float)((next() >> 40) * (1.0 / 16777216.0)); }
-    int below(int n) { return (int)(next() % (uint64_t)n); }
-};
 
 struct SeqSpec {
     int len;          // keys cached at positions 0 .. len - 1
     int num_queries;  // query tokens at the last num_queries positions
 };
 
-// What the paged kernel reads, and the same numbers laid out densely.
-struct Problem {
-    AttentionShape s;
-    int num_blocks = 0;
-    std::vector<std::vector<float>> keys, values;  // [seq][len, n_kv_heads, head_dim], contiguous
-    std::vector<float> q;                          // [num_tokens, n_heads, head_dim]
-    std::vector<int32_t> block_tables;             // [num_seqs, max_blocks_per_seq], -1 padded
-    std::vector<int32_t> token_seq, positions;     // [num_tokens]
-    int num_tokens() const { return (int)positions.size(); }
-};
-
-// Keys in [-1, 1] times key_scale, values in [-1, 1], queries in [-3, 3].
+// Keys in [-1, 1] times key_scale, values in [-1, 1], queries in [-3, 3];
+// three blocks nobody owns.
 Problem make_problem(Rand& rng, int block_size, int n_kv_heads, int group, int head_dim, const std::vector<SeqSpec>& seqs,
                      float key_scale = 1.0f) {
-    Problem p;
-    int need = 0, widest = 0;
-    for (const SeqSpec& sp : seqs) {
-        const int nb = (sp.len + block_size - 1) / block_size;
-        need += nb;
-        widest = std::max(widest, nb);
-    }
-    p.num_blocks = need + 3;  // three blocks nobody owns
-    p.s = AttentionShape{n_kv_heads * group, n_kv_heads, head_dim, block_size, widest + 1};
-    std::vector<int32_t> ids(p.num_blocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[(size_t)rng.below((int)i)]);
-    p.block_tables.assign(seqs.size() * (size_t)p.s.max_blocks_per_seq, -1);
-    size_t next = 0;
-    const size_t vec = (size_t)n_kv_heads * head_dim;
-    for (size_t si = 0; si < seqs.size(); ++si) {
-        for (int b = 0; b < (seqs[si].len + block_size - 1) / block_size; ++b)
-            p.block_tables[si * p.s.max_blocks_per_seq + b] = ids[next++];
-        std::vector<float> k(seqs[si].len * vec), v(seqs[si].len * vec);
-        for (float& x : k) x = key_scale * rng.uniform(-1.0f, 1.0f);
-        for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-        p.keys.push_back(k);
-        p.values.push_back(v);
-    }
+    Problem p = paged_sequences(rng, block_size, n_kv_heads, group, head_dim, seqs, 3, [key_scale](int) { return key_scale; });
     // Sequences in shuffled order; each one's queries side by side.
     std::vector<int> order(seqs.size());
     std::iota(order.begin(), order.end(), 0);
-    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[(size_t)rng.below((int)i)]);
+    rng.shuffle(order);
     for (int si : order)
         for (int i = 0; i < seqs[si].num_queries; ++i) {
             p.token_seq.push_back(si);
             p.positions.push_back(seqs[si].len - seqs[si].num_queries + i);
         }
-    p.q.resize((size_t)p.num_tokens() * p.s.n_heads * head_dim);
-    for (float& x : p.q) x = rng.uniform(-3.0f, 3.0f);
+    draw_queries(rng, p);
     return p;
-}
-
-// The physical slot of position pos of sequence si, computed here from the
-// table without slot_of.
-int64_t slot_at(const Problem& p, int si, int pos) {
-    return (int64_t)p.block_tables[(size_t)si * p.s.max_blocks_per_seq + pos / p.s.block_size] * p.s.block_size + pos % p.s.block_size;
-}
-
-// The f32 caches, NaN wherever no sequence wrote.
-void scatter_f32(const Problem& p, std::vector<float>& kc, std::vector<float>& vc) {
-    const size_t vec = (size_t)p.s.n_kv_heads * p.s.head_dim;
-    kc.assign((size_t)p.num_blocks * p.s.block_size * vec, NAN);
-    vc.assign(kc.size(), NAN);
-    for (size_t si = 0; si < p.keys.size(); ++si)
-        for (size_t pos = 0; pos < p.keys[si].size() / vec; ++pos) {
-            const size_t slot = (size_t)slot_at(p, (int)si, (int)pos);
-            std::copy_n(p.keys[si].begin() + pos * vec, vec, kc.begin() + slot * vec);
-            std::copy_n(p.values[si].begin() + pos * vec, vec, vc.begin() + slot * vec);
-        }
-}
-
-// Causal attention over the contiguous arrays, in double. kv_head_of(h)
-// picks the kv head a query head reads.
-template <class F>
-std::vector<double> dense_attention(const Problem& p, F kv_head_of) {
-    const int H = p.s.n_heads, hd = p.s.head_dim, nkv = p.s.n_kv_heads;
-    std::vector<double> out((size_t)p.num_tokens() * H * hd, 0.0);
-    for (int t = 0; t < p.num_tokens(); ++t) {
-        const std::vector<float>& K = p.keys[p.token_seq[t]];
-        const std::vector<float>& V = p.values[p.token_seq[t]];
-        const int ctx = p.positions[t] + 1;
-        for (int h = 0; h < H; ++h) {
-            const int kvh = kv_head_of(h);
-            const float* qh = p.q.data() + ((size_t)t * H + h) * hd;
-            std::vector<double> w(ctx);
-            double mx = -INFINITY;
-            for (int j = 0; j < ctx; ++j) {
-                double dot = 0;
-                for (int d = 0; d < hd; ++d) dot += (double)qh[d] * K[((size_t)j * nkv + kvh) * hd + d];
-                w[j] = dot / std::sqrt((double)hd);
-                mx = std::max(mx, w[j]);
-            }
-            double sum = 0;
-            for (double& x : w) sum += (x = std::exp(x - mx));
-            double* o = out.data() + ((size_t)t * H + h) * hd;
-            for (int j = 0; j < ctx; ++j)
-                for (int d = 0; d < hd; ++d) o[d] += w[j] / sum * V[((size_t)j * nkv + kvh) * hd + d];
-        }
-    }
-    return out;
-}
-std::vector<double> dense_attention(const Problem& p) {
-    const int group = p.s.n_heads / p.s.n_kv_heads;
-    return dense_attention(p, [group](int h) { return h / group; });
 }
 
 std::vector<float> run_ref(const Problem& p) {
@@ -166,20 +66,6 @@ std::vector<float> run_ref(const Problem& p) {
     paged_attention_ref(out.data(), p.q.data(), kc.data(), vc.data(), p.block_tables.data(), p.token_seq.data(),
                         p.positions.data(), p.num_tokens(), p.s);
     return out;
-}
-
-// "" when every element is within tol (relative to the values' scale of 1),
-// else where the first one is not.
-std::string compare(const std::vector<float>& got, const std::vector<double>& want, const AttentionShape& s, double tol = 1e-5) {
-    if (got.size() != want.size()) return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
-    for (size_t i = 0; i < got.size(); ++i)
-        if (!(std::fabs((double)got[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])))) {
-            const size_t per_tok = (size_t)s.n_heads * s.head_dim;
-            return "token " + std::to_string(i / per_tok) + " head " + std::to_string(i % per_tok / s.head_dim) + " d " +
-                   std::to_string(i % s.head_dim) + ": got " + std::to_string(got[i]) + ", dense attention says " +
-                   std::to_string(want[i]);
-        }
-    return "";
 }
 
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
@@ -262,29 +148,9 @@ TEST_CASE("f16 and int8 caches are read as their stored values") {
         CAPTURE(to_string(dt));
         Rand rng(807);
         Problem p = make_problem(rng, 4, 2, 2, 8, {{18, 2}, {7, 1}});
-        KVCache cache(KVGeometry{1, p.num_blocks, p.s.block_size, p.s.n_kv_heads, p.s.head_dim, dt});
-        std::memset(cache.k.data(), 0xFF, cache.k.size());
-        std::memset(cache.v.data(), 0xFF, cache.v.size());
-        std::fill(cache.k_scale.begin(), cache.k_scale.end(), NAN);
-        std::fill(cache.v_scale.begin(), cache.v_scale.end(), NAN);
+        KVCache cache = store_in_cache(p, dt);
         const KVView kv = cache.k_view(0), vv = cache.v_view(0);
-        const int nkv = p.s.n_kv_heads, hd = p.s.head_dim;
-        for (size_t si = 0; si < p.keys.size(); ++si)
-            for (int pos = 0; pos < (int)(p.keys[si].size() / ((size_t)nkv * hd)); ++pos) {
-                const int64_t slot = slot_at(p, (int)si, pos);
-                for (int h = 0; h < nkv; ++h) {
-                    float* k = p.keys[si].data() + ((size_t)pos * nkv + h) * hd;
-                    float* v = p.values[si].data() + ((size_t)pos * nkv + h) * hd;
-                    kv_store(kv, slot, h, k);
-                    kv_store(vv, slot, h, v);
-                    // The dense copy keeps what the cache really holds.
-                    for (int d = 0; d < hd; ++d) {
-                        k[d] = kv_load(kv, slot, h, d);
-                        v[d] = kv_load(vv, slot, h, d);
-                    }
-                }
-            }
-        std::vector<float> out((size_t)p.num_tokens() * p.s.n_heads * hd, NAN);
+        std::vector<float> out((size_t)p.num_tokens() * p.s.n_heads * p.s.head_dim, NAN);
         paged_attention_ref(out.data(), p.q.data(), kv, vv, p.block_tables.data(), p.token_seq.data(), p.positions.data(),
                             p.num_tokens(), p.s);
         CHECK(compare(out, dense_attention(p), p.s) == "");

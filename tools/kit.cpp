@@ -353,11 +353,14 @@ struct Json {
     bool boolean = false;
     std::string string;
     std::vector<Json> array;
-    std::vector<std::pair<std::string, Json>> object;
+    // An object's fields, in order: keys[i] names values[i]. (Two vectors and
+    // not one of pairs: a pair cannot hold the still-incomplete Json type.)
+    std::vector<std::string> keys;
+    std::vector<Json> values;
 
     const Json& operator[](const std::string& key) const {
-        for (const auto& [k, v] : object)
-            if (k == key) return v;
+        for (size_t i = 0; i < keys.size(); ++i)
+            if (keys[i] == key) return values[i];
         throw std::runtime_error("JSON: no field '" + key + "'");
     }
     // A number, or a string holding one (the studies' tables print strings).
@@ -402,9 +405,9 @@ private:
             if (eat('}')) return v;
             do {
                 space();
-                std::string k = str();
+                v.keys.push_back(str());
                 if (!eat(':')) fail("expected ':'");
-                v.object.push_back({k, value()});
+                v.values.push_back(value());
             } while (eat(','));
             if (!eat('}')) fail("expected '}'");
         } else if (c == '[') {

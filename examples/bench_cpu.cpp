@@ -1,27 +1,46 @@
-// examples/bench_cpu.cpp -- how fast is the CPU forward pass?
+// examples/bench_cpu.cpp -- how fast is the CPU forward pass, and how far is
+// it from what this machine can do right now?
 //
 // A stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, ctx 256)
 // with random weights made in-process, so no file is needed. It prints:
-//   1. single-sequence decode tok/s (one token per forward, context growing);
+//   0. the roofline, measured here and now, because a shared machine's roof
+//      moves: how fast one thread and all threads can read the weights, how
+//      fast the matmul microkernel multiplies when its data is in cache (one
+//      thread, all threads), and the plain dot() one output at a time;
+//   1. single-sequence decode tok/s (one token per forward, context growing),
+//      and the weight bytes it streams per second as a % of the read roof;
 //   2. batched decode throughput at batch 1/4/16/64: every sequence holds a
-//      64-token prompt, then each step decodes one token for each of them.
+//      64-token prompt, then each step decodes one token for each of them;
+//      the matmul multiply-adds per second as a % of the microkernel's roof;
+//   3. the engine's own overhead: a real Engine running batch 1 and batch 64,
+//      and the share of each step spent outside the model's forward pass
+//      (scheduling, building the batch, the argmax, streaming).
 // Batched decode reads each weight row once per step for the whole batch, so
-// tokens/s should grow with batch size until arithmetic, not memory, limits.
+// tokens/s grows with batch size until arithmetic, not memory, limits it.
 //
 //   build/bench_cpu [--steps N] [--threads T]
+// PKV_SIMD=baseline (or avx2) in the environment runs the matmuls on a lower
+// instruction set than the CPU has, to compare.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "block_pool.hpp"
+#include "engine.hpp"
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/runner.hpp"
 #include "tiny_model/sampler.hpp"
 
 namespace {
@@ -35,28 +54,211 @@ pkv::Config stories15m_shape() {
     return c;
 }
 
+int max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// Runs body(thread) on `threads` threads at once (OpenMP), or once on this one.
+template <class Body>
+void on_threads(int threads, const Body& body) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    body(omp_get_thread_num());
+#else
+    (void)threads;
+    body(0);
+#endif
+}
+
+// ---- 0. The roofline -----------------------------------------------------------
+//
+// Each figure is the best of several tries: on a shared machine a slow try
+// measures the neighbours, not the hardware.
+
+// Bytes per second at which `threads` threads read the arrays, each thread a
+// contiguous share of each. The read XORs 64-bit words into four independent
+// chains: a loop that retires more bytes per cycle than memory delivers, so
+// it times the memory and not itself. memcpy is the legal way to view a
+// float's bits as an integer.
+double read_bytes_per_s(const std::vector<std::pair<const float*, size_t>>& arrays, int threads) {
+    size_t bytes = 0;
+    for (const auto& a : arrays) bytes += a.second * sizeof(float);
+    std::vector<uint64_t> sink((size_t)threads * 8);  // one cache line per thread
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+        const double t0 = now_s();
+        on_threads(threads, [&](int th) {
+            uint64_t x[4] = {0, 0, 0, 0};
+            for (const auto& [data, count] : arrays) {
+                const size_t words = count * sizeof(float) / 8;
+                const size_t b = words * th / threads / 4 * 4, e = th + 1 == threads ? words : words * (th + 1) / threads / 4 * 4;
+                const char* p = reinterpret_cast<const char*>(data);
+                for (size_t i = b; i + 4 <= e; i += 4)
+                    for (int k = 0; k < 4; ++k) {
+                        uint64_t w;
+                        std::memcpy(&w, p + (i + k) * 8, 8);
+                        x[k] ^= w;
+                    }
+            }
+            sink[(size_t)th * 8] = x[0] ^ x[1] ^ x[2] ^ x[3];
+        });
+        best = std::min(best, now_s() - t0);
+    }
+    volatile uint64_t keep = 0;  // the XORs must not be optimised away
+    for (uint64_t s : sink) keep = keep ^ s;
+    return bytes / best;
+}
+
+// Multiply-adds per second of `threads` threads each running a T=64 matmul
+// over a 64-row, 288-wide slice of W again and again: the slice and the
+// inputs stay in cache, so this is the arithmetic roof. microkernel = matmul's
+// own kernel on this CPU's instruction set; otherwise one dot() per output.
+double macs_per_s(const float* W, int threads, bool microkernel) {
+    const int T = 64, n = 288, d = 64;
+    std::vector<float> x((size_t)T * n);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = W[(i * 7919) % ((size_t)d * n)];  // values of a realistic size
+    std::vector<std::vector<float>> out((size_t)threads, std::vector<float>((size_t)T * d));
+    const int reps = 60;
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+        const double t0 = now_s();
+        on_threads(threads, [&](int th) {
+            float* o = out[(size_t)th].data();
+            for (int r = 0; r < reps; ++r) {
+                if (microkernel) pkv::matmul_rows_simd(o, x.data(), W, T, n, d, 0, d);
+                else
+                    for (int i = 0; i < d; ++i)
+                        for (int t = 0; t < T; ++t) o[(size_t)t * d + i] = pkv::dot(W + (size_t)i * n, x.data() + (size_t)t * n, n);
+            }
+        });
+        best = std::min(best, now_s() - t0);
+    }
+    return (double)threads * reps * T * n * d / best;
+}
+
+// ---- 3. The engine's overhead ------------------------------------------------------
+
+// The CPU runner, timing its forward passes. The engine's greedy path calls
+// forward_argmax: the forward pass, then an argmax per logits row (what the
+// base class does; we do the same, timing each part). The argmax is the
+// engine's sampling, outside the forward pass.
+class TimedCpuRunner : public pkv::ModelRunner {
+public:
+    explicit TimedCpuRunner(const pkv::Model& m) : inner_(m) {}
+    const pkv::Config& model_config() const override { return inner_.model_config(); }
+    pkv::Device device() const override { return inner_.device(); }
+    void init_kv_cache(const pkv::KVGeometry& geo, int swap_blocks) override { inner_.init_kv_cache(geo, swap_blocks); }
+    void forward(const pkv::ForwardBatch& b, std::vector<float>& logits) override {
+        const double t0 = now_s();
+        inner_.forward(b, logits);
+        forward_s += now_s() - t0;
+    }
+    void forward_argmax(const pkv::ForwardBatch& b, std::vector<int32_t>& tokens) override {
+        forward(b, logits_);
+        const double t0 = now_s();
+        const int V = model_config().vocab_size;
+        tokens.resize(b.logits_indices.size());
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = pkv::argmax(logits_.data() + i * V, V);
+        argmax_s += now_s() - t0;
+    }
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& p) override { inner_.swap_out(p); }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& p) override { inner_.swap_in(p); }
+    double forward_s = 0, argmax_s = 0;  // seconds inside forward() and in the argmax, summed
+
+private:
+    pkv::CpuRunner inner_;
+    std::vector<float> logits_;
+};
+
+struct EngineTimes {
+    double step_s, forward_s, argmax_s;
+};
+
+// `B` greedy requests with `prompt_len`-token prompts; after every prefill is
+// done, `steps` decode steps timed: seconds of step(), of the forward passes
+// and of the argmax.
+EngineTimes engine_decode_time(const pkv::Model& model, int B, int prompt_len, int steps) {
+    const int block_size = 16;
+    pkv::EngineConfig ec;
+    ec.block_size = block_size;
+    ec.num_blocks = B * (int)pkv::blocks_for_tokens(prompt_len + steps + 2, block_size);
+    ec.sched.max_num_seqs = B;
+    ec.sched.max_num_batched_tokens = B * prompt_len;
+    auto owned = std::make_unique<TimedCpuRunner>(model);
+    TimedCpuRunner* runner = owned.get();
+    pkv::Engine eng(std::move(owned), ec);
+    int first_tokens = 0;
+    eng.on_event = [&](const pkv::StreamEvent& e) { first_tokens += e.type == pkv::EventType::kToken && e.output_index == 0; };
+    pkv::SamplingParams sp;
+    sp.max_tokens = steps + 2;
+    sp.ignore_eos = true;
+    for (int s = 0; s < B; ++s) {
+        std::vector<int32_t> prompt((size_t)prompt_len);
+        for (int i = 0; i < prompt_len; ++i) prompt[(size_t)i] = (s * 7919 + i * 104729 + 13) % model.cfg.vocab_size;
+        eng.add_request(prompt, sp);
+    }
+    while (first_tokens < B) eng.step();  // the prefills, not timed
+    runner->forward_s = runner->argmax_s = 0;
+    const double t0 = now_s();
+    for (int i = 0; i < steps; ++i) eng.step();
+    return {now_s() - t0, runner->forward_s, runner->argmax_s};
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
     int steps = 64, threads_flag = 0;
-    cli::Parser p("bench_cpu", "[options]", "Decode benchmark of a stories15M-shaped random model on the CPU.");
+    cli::Parser p("bench_cpu", "[options]", "Decode benchmark of a stories15M-shaped random model on the CPU, against this machine's roofline.");
     p.integer("--steps", &steps, 1, 190, "decode steps per measurement");
     p.integer("--threads", &threads_flag, 0, 1024, "OpenMP threads; 0 = OMP_NUM_THREADS or all cores");
     p.parse(argc, argv);
 #ifdef _OPENMP
     if (threads_flag > 0) omp_set_num_threads(threads_flag);
 #endif
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
+    const int threads = max_threads();
     const pkv::Config cfg = stories15m_shape();
     pkv::Model model = pkv::make_random_model(cfg, 15, {});
     size_t params = 0;
     for (const auto& t : pkv::checkpoint_tensors(cfg, model.w)) params += t.data ? t.count : 0;
     const double weight_bytes = params * 4.0;
-    std::printf("bench_cpu: stories15M shape (dim %d, %d layers, %d heads, vocab %d), %.1fM params, %d thread(s)\n",
-                cfg.dim, cfg.n_layers, cfg.n_heads, cfg.vocab_size, params / 1e6, threads);
+    std::printf("bench_cpu: stories15M shape (dim %d, %d layers, %d heads, vocab %d), %.1fM params, %d thread(s)\n", cfg.dim,
+                cfg.n_layers, cfg.n_heads, cfg.vocab_size, params / 1e6, threads);
+
+    // 0. The roofline. What a decode step reads: the layer matrices and the
+    // classifier (the embedding table, shared). Per token, every one of their
+    // weights is one multiply-add (attention's are not counted: they are few).
+    const pkv::Weights& w = model.w;
+    const std::vector<std::pair<const float*, size_t>> arrays = {
+        {w.wq.data(), w.wq.size()}, {w.wk.data(), w.wk.size()}, {w.wv.data(), w.wv.size()}, {w.wo.data(), w.wo.size()},
+        {w.w1.data(), w.w1.size()}, {w.w2.data(), w.w2.size()}, {w.w3.data(), w.w3.size()},
+        {model.classifier(), (size_t)cfg.vocab_size * cfg.dim}};
+    double linear_macs = 0;  // per token
+    for (const auto& a : arrays) linear_macs += (double)a.second;
+    const double read1 = read_bytes_per_s(arrays, 1), read_all = threads > 1 ? read_bytes_per_s(arrays, threads) : read1;
+    const double mk1 = macs_per_s(w.wq.data(), 1, true), mk_all = threads > 1 ? macs_per_s(w.wq.data(), threads, true) : mk1;
+    const double dot1 = macs_per_s(w.wq.data(), 1, false);
+    // The roofs: the better of one thread and all of them (on a busy machine
+    // all threads can be the slower, and the ThreadPolicy then runs on one).
+    const double read_roof = std::max(read1, read_all), mk_roof = std::max(mk1, mk_all);
+    std::printf("\nroofline, measured now (best of 5 tries each):\n");
+    std::printf("  matmul instruction set: %s (the best this CPU has, unless PKV_SIMD lowers it)\n", pkv::to_string(pkv::cpu_simd()));
+    char label[64];
+    std::snprintf(label, sizeof label, "read the weights (%.1f MB), 1 thread:", linear_macs * 4 / 1e6);
+    std::printf("  %-42s %7.2f GB/s   -> at most %6.1f tok/s single-sequence\n", label, read1 / 1e9, read1 / (linear_macs * 4));
+    if (threads > 1) {
+        std::snprintf(label, sizeof label, "read the weights, %d threads:", threads);
+        std::printf("  %-42s %7.2f GB/s   -> at most %6.1f tok/s single-sequence\n", label, read_all / 1e9, read_all / (linear_macs * 4));
+    }
+    std::printf("  %-42s %7.2f GMAC/s -> at most %6.1f tok/s batched\n", "matmul microkernel in cache, 1 thread:", mk1 / 1e9, mk1 / linear_macs);
+    if (threads > 1) {
+        std::snprintf(label, sizeof label, "matmul microkernel in cache, %d threads:", threads);
+        std::printf("  %-42s %7.2f GMAC/s -> at most %6.1f tok/s batched\n", label, mk_all / 1e9, mk_all / linear_macs);
+    }
+    std::printf("  %-42s %7.2f GMAC/s (%.0f%% of the microkernel)\n", "plain dot() per output, 1 thread:", dot1 / 1e9, 100 * dot1 / mk1);
 
     const int block_size = 16, prompt_len = 64;
     std::vector<float> logits;
@@ -79,13 +281,18 @@ int run(int argc, char** argv) {
             token = pkv::argmax(logits.data(), cfg.vocab_size);
         }
         double dt = now_s() - t0;
-        std::printf("\nsingle-sequence decode: %d tokens in %.3f s = %.1f tok/s  (weights streamed: %.2f GB/s)\n", n, dt, n / dt,
-                    n * weight_bytes / dt / 1e9);
+        const pkv::CpuForward::Profile& pr = fwd.profile;
+        const double gbps = n * weight_bytes / dt;
+        std::printf("\nsingle-sequence decode: %d tokens in %.3f s = %.1f tok/s\n", n, dt, n / dt);
+        std::printf("  weights streamed: %.2f GB/s = %.0f%% of the read roof; time in matmul %.0f%%, in attention %.0f%%;\n"
+                    "  %ld of %ld passes on %d threads\n",
+                    gbps / 1e9, 100 * gbps / read_roof, 100 * pr.matmul_s / dt, 100 * pr.attention_s / dt, pr.parallel_passes, pr.passes, threads);
     }
 
     // 2. Batched decode.
     std::printf("\nbatched decode (%d-token prompts, then %d decode steps per sequence):\n", prompt_len, steps);
-    std::printf("  %6s  %12s  %14s  %10s\n", "batch", "tok/s", "ms per step", "vs batch 1");
+    std::printf("  %6s  %8s  %11s  %10s  %7s  %9s  %7s  %9s  %7s\n", "batch", "tok/s", "ms per step", "vs batch 1", "GMAC/s", "% of roof",
+                "matmul", "attention", "argmax");
     double base = 0;
     for (int B : {1, 4, 16, 64}) {
         const int per_seq = (int)pkv::blocks_for_tokens(prompt_len + steps, block_size);
@@ -105,6 +312,8 @@ int run(int argc, char** argv) {
             fwd.forward(b, logits);
             last[s] = pkv::argmax(logits.data(), cfg.vocab_size);
         }
+        fwd.profile = {};
+        double argmax_s = 0;
         double t0 = now_s();
         for (int step = 0; step < steps; ++step) {
             pkv::ForwardBatch b;
@@ -113,13 +322,31 @@ int run(int argc, char** argv) {
                 b.add_sequence(tables[s].blocks, block_size, &last[s], prompt_len + step, 1, true);
             }
             fwd.forward(b, logits);
+            const double a0 = now_s();
             for (int s = 0; s < B; ++s) last[s] = pkv::argmax(logits.data() + (size_t)s * cfg.vocab_size, cfg.vocab_size);
+            argmax_s += now_s() - a0;
         }
         double dt = now_s() - t0;
+        const double mm = fwd.profile.matmul_s, at = fwd.profile.attention_s;
         double tps = (double)B * steps / dt;
         if (B == 1) base = tps;
-        std::printf("  %6d  %12.1f  %14.2f  %9.2fx\n", B, tps, dt / steps * 1e3, tps / base);
+        const double macs = tps * linear_macs;
+        std::printf("  %6d  %8.1f  %11.2f  %9.2fx  %7.2f  %8.0f%%  %6.0f%%  %8.0f%%  %6.0f%%\n", B, tps, dt / steps * 1e3, tps / base,
+                    macs / 1e9, 100 * macs / mk_roof, 100 * mm / dt, 100 * at / dt, 100 * argmax_s / dt);
     }
+    std::printf("  (GMAC/s: the matmuls' multiply-adds; roof: the faster microkernel figure above. matmul,\n"
+                "   attention, argmax: shares of the step time; the rest is norms, RoPE, SwiGLU, the cache writes)\n");
+
+    // 3. The engine's overhead.
+    std::printf("\nengine overhead (a real Engine, greedy, %d decode steps after the prefills): shares of step()\n", steps);
+    std::printf("  %6s  %12s  %8s  %8s  %8s\n", "batch", "ms per step", "forward", "argmax", "engine");
+    for (int B : {1, 64}) {
+        const EngineTimes e = engine_decode_time(model, B, prompt_len, steps);
+        std::printf("  %6d  %12.3f  %7.1f%%  %7.2f%%  %7.2f%%\n", B, e.step_s / steps * 1e3, 100 * e.forward_s / e.step_s,
+                    100 * e.argmax_s / e.step_s, 100 * (e.step_s - e.forward_s - e.argmax_s) / e.step_s);
+    }
+    std::printf("  (forward: the model's forward pass; argmax: picking each sequence's token from its logits;\n"
+                "   engine: everything else -- scheduling, building the batch, streaming the tokens)\n");
     return 0;
 }
 

@@ -17,17 +17,32 @@
 //
 // The arithmetic follows llama2.c's run.c, because run.c is our oracle:
 // build/generate prints its stories260K story byte for byte (TUTORIAL.md
-// chapter 2).
+// chapter 2). Speed comes from *how* the same arithmetic is scheduled, never
+// from changing it: a register-blocked matmul on the best instruction set the
+// CPU has, and threads that split work without the caller ever waiting for
+// one that has not started. Every token comes out bit-identical whatever the
+// batch, the instruction set or the number of threads.
 //
-// Sections: 1. the flat batch  2. building blocks (dot, matmul, rmsnorm, RoPE)
-// 3. the forward pass.
+// Sections: 1. the flat batch  2. building blocks (dot; matmul: its
+// microkernel, instruction sets and threads; rmsnorm; RoPE)  3. the forward
+// pass (and attention split among threads).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #ifdef _OPENMP
@@ -150,49 +165,315 @@ inline float dot(const float* w, const float* x, int n) {
     return sum;
 }
 
-// Whether a matmul should use every core. Threads never change a bit of a
-// result (each output is one dot() by one thread), only how long it takes,
-// and the answer depends on the machine right now:
-//   - below ~256K multiply-adds a parallel region costs more than it saves;
-//   - on a machine busy with other work, a parallel region waits for its
-//     slowest thread, and a thread the OS has descheduled is very slow:
-//     measured on the project's 2-core machine with another process running,
-//     single-sequence decode with 2 threads was 2-4x *slower* than with 1.
-// So above the size threshold we measure instead of guessing. Matmuls of
-// different sizes behave differently (a small one is all overhead, a large
-// one all bandwidth), so we keep separate figures per size class (a power of
-// two of multiply-adds): the time per multiply-add of serial and of parallel
-// calls. Each mode is measured twice first (the very first parallel region
-// also pays for creating OpenMP's threads), then we use the faster one,
-// keeping its figure as a moving average, and now and then measure the other
-// mode again, taking that fresh figure as it is. A probe of the losing mode
-// costs time, so while probes keep confirming the choice we probe less and
-// less often (every 32, 64, ... up to 1024 calls of that size class), and
-// start again at 32 when one changes it. A machine that becomes busy (or idle
-// again) is followed within a few steps. One policy per process, because it
+// ----------------------------------------------------------------------------
+// matmul: thousands of dot()s, each in dot()'s order
+// ----------------------------------------------------------------------------
+//
+// A matmul is T x d dot products: each of T tokens' inputs against each of d
+// rows of W. Calling dot() for each one is correct, and slow in two ways:
+//   - each step of a dot() loads 8 weights and 8 inputs for 8 multiplies and
+//     8 adds, so the CPU spends as long loading as computing, and the weight
+//     it loaded for token 0 it loads again for token 1;
+//   - a dot()'s 8 partial sums are one chain: every add waits for the
+//     previous add into the same partial sum to finish.
+// The usual cure is a register-blocked *microkernel*: take a tile of R rows of
+// W and C tokens and compute its R x C outputs together, each in its own
+// accumulator, all of them held in registers. One step loads R weight vectors
+// and C input vectors and does R x C multiplies and adds: each loaded weight
+// serves C tokens, each loaded input serves R rows, and R x C independent
+// chains keep the arithmetic units busy.
+//
+// What must not change is a single bit of any output. A tile changes which
+// outputs are computed *together*, never the operations *inside* one: output
+// (r, c) has its own 8 partial sums, lane l of which receives the terms j = l,
+// l+8, l+16, ... in increasing j, each a multiply and then an add, exactly as
+// in dot(); then the same combine8() and the same in-order tail. So tile
+// shapes, vector widths and thread counts are free to differ between
+// machines, and the tokens are not.
+//
+// The 8 partial sums are the 8 lanes of a vector. We write vectors with the
+// GCC/clang vector extension: a `float __attribute__((vector_size(32)))` holds
+// 8 floats, and a + b, a * b work lane by lane, each lane the very IEEE
+// single-precision operation the scalar code does. Which registers hold the
+// lanes depends on the instruction set:
+//   - baseline x86-64 (SSE2, what the Makefile builds for) has 16 registers of
+//     4 floats, so one output's 8 partial sums take two registers;
+//   - AVX2 has 16 registers of 8 floats: one register per output;
+//   - AVX-512 with its VL extension still has 8-float registers (we keep 8
+//     lanes, because 16 lanes would be 16 partial sums: another order), but
+//     32 of them: room for a bigger tile.
+// No fused multiply-add anywhere: an FMA rounds once where a multiply then an
+// add rounds twice, so it would change bits. We never write one, the
+// Makefile's -ffp-contract=off forbids the compiler to fuse on its own, and
+// target("avx2") does not even enable FMA instructions. The CUDA path is built
+// with --fmad=false for the same reason.
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PKV_CPU_X86 1
+#else
+#define PKV_CPU_X86 0
+#endif
+
+// The microkernel's small loops (over the R rows, C tokens, vector halves)
+// must be unrolled completely, or its accumulators cannot live in registers.
+// GCC does so when asked; clang has its own spelling. nvcc's front end does
+// not know GCC's pragma (it passes it on to the host compiler, which does),
+// so under nvcc we silence its "unrecognized pragma" warning, for the kernels
+// below only (nv_diagnostic pop after matmul_rows_simd).
+#if defined(__clang__)
+#define PKV_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define PKV_UNROLL _Pragma("GCC unroll 16")
+#else
+#define PKV_UNROLL
+#endif
+#if defined(__NVCC__)
+#pragma nv_diagnostic push
+#pragma nv_diag_suppress 1675
+#endif
+
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef float f32x8 __attribute__((vector_size(32)));
+
+// Which instruction set matmul uses. The default build targets baseline
+// x86-64, so its binaries run anywhere; a function marked
+// __attribute__((target("avx2"))) is compiled for AVX2 inside that same
+// binary, and may only be called on a CPU that has AVX2 (and an operating
+// system that saves its registers), which __builtin_cpu_supports() checks at
+// run time. We choose once per process. PKV_SIMD=baseline (or avx2, avx512)
+// in the environment asks for a lower level, to compare paths; a level the
+// CPU lacks is never used.
+enum class CpuSimd { kBaseline, kAvx2, kAvx512 };
+
+inline const char* to_string(CpuSimd s) {
+    switch (s) {
+        case CpuSimd::kBaseline: return "baseline";
+        case CpuSimd::kAvx2: return "avx2";
+        case CpuSimd::kAvx512: return "avx512";
+    }
+    return "?";
+}
+
+// The best level this CPU supports.
+inline CpuSimd cpu_simd_supported() {
+#if PKV_CPU_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return CpuSimd::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return CpuSimd::kAvx2;
+#endif
+    return CpuSimd::kBaseline;
+}
+
+// The level in use: the best supported, or lower if PKV_SIMD says so. A
+// reference, so that a test can switch levels (never above
+// cpu_simd_supported()) and compare the bits of every path.
+inline CpuSimd& cpu_simd() {
+    static CpuSimd level = [] {
+        const CpuSimd best = cpu_simd_supported();
+        const char* env = std::getenv("PKV_SIMD");
+        for (CpuSimd s : {CpuSimd::kBaseline, CpuSimd::kAvx2, CpuSimd::kAvx512})
+            if (env && std::string(env) == to_string(s)) return std::min(s, best);
+        return best;
+    }();
+    return level;
+}
+
+// Inlined into its caller whatever the optimisation level: the kernels below
+// are compiled once per instruction set, *as part of* the target("...")
+// function that calls them, so that function's instruction set is theirs.
+#define PKV_ALWAYS_INLINE [[gnu::always_inline]] inline
+
+// An unaligned load of one vector. memcpy is the legal way to view floats as
+// a vector; the compiler turns it into one load instruction. (It fills a
+// reference rather than returning the vector: a function returning an AVX
+// vector has a different calling convention with and without AVX, and GCC
+// warns about that even where the call is always inlined.)
+template <class V>
+PKV_ALWAYS_INLINE void load_vec(V& v, const float* p) {
+    std::memcpy(&v, p, sizeof v);
+}
+
+// One tile: R rows x C tokens. The rows are o0, o0 + os, ..., o0 + (R-1) os
+// of W [d][n]; the tokens are rows 0..C-1 of x [.][n]; the results go where
+// matmul puts them, out[c * d + row].
+template <class V, int R, int C>
+PKV_ALWAYS_INLINE void matmul_tile(float* out, const float* x, const float* W, int n, int d, int o0, int os) {
+    constexpr int L = sizeof(V) / sizeof(float);  // lanes per vector: 4 or 8
+    constexpr int H = 8 / L;                       // vectors per output's 8 partial sums: 2 or 1
+    V acc[R][C][H] = {};                           // dot()'s a[8], one set per output, all zero
+    const int n8 = n - n % 8;
+    for (int j = 0; j < n8; j += 8) {
+        V xv[C][H];
+        PKV_UNROLL
+        for (int c = 0; c < C; ++c) {
+            PKV_UNROLL
+            for (int h = 0; h < H; ++h) load_vec(xv[c][h], x + (size_t)c * n + j + h * L);
+        }
+        PKV_UNROLL
+        for (int r = 0; r < R; ++r) {
+            const float* w = W + (size_t)(o0 + r * os) * n + j;
+            PKV_UNROLL
+            for (int h = 0; h < H; ++h) {
+                V wv;
+                load_vec(wv, w + h * L);  // loaded once, used by C tokens
+                PKV_UNROLL
+                for (int c = 0; c < C; ++c) acc[r][c][h] += wv * xv[c][h];  // lane l: a[l] += w[j+l] * x[j+l]
+            }
+        }
+    }
+    // dot()'s ending, output by output: the fixed tree, then the tail in order.
+    for (int r = 0; r < R; ++r) {
+        const float* w = W + (size_t)(o0 + r * os) * n;
+        for (int c = 0; c < C; ++c) {
+            float a[8];
+            std::memcpy(a, acc[r][c], sizeof a);
+            float sum = combine8(a);
+            for (int j = n8; j < n; ++j) sum += w[j] * x[(size_t)c * n + j];
+            out[(size_t)c * d + o0 + r * os] = sum;
+        }
+    }
+}
+
+// All T tokens against one set of R rows: whole tiles of C tokens, then the
+// last T % C tokens with a narrower tile (this same function with C - 1). The
+// R rows stay in the L1 cache while every token passes over them.
+template <class V, int R, int C>
+PKV_ALWAYS_INLINE void matmul_tokens(float* out, const float* x, const float* W, int T, int n, int d, int o0, int os) {
+    int t = 0;
+    for (; t + C <= T; t += C) matmul_tile<V, R, C>(out + (size_t)t * d, x + (size_t)t * n, W, n, d, o0, os);
+    if constexpr (C > 1)
+        if (t < T) matmul_tokens<V, R, C - 1>(out + (size_t)t * d, x + (size_t)t * n, W, T - t, n, d, o0, os);
+}
+
+// Rows [ob, oe) of W for all T tokens. Which R rows share a tile? Not R
+// neighbours: we cut the range into R equal stretches and a tile takes one
+// row from each, so the tile reads memory as R sequential streams far apart.
+// R neighbouring rows read side by side are R streams one row apart, and on
+// the machine this project grew on the hardware prefetcher followed those much
+// worse: the weights of a decode step come from memory, so that mattered more
+// than anything else here. Leftover rows (fewer than R) get tiles of one row.
+template <class V, int R, int C>
+PKV_ALWAYS_INLINE void matmul_rows(float* out, const float* x, const float* W, int T, int n, int d, int ob, int oe) {
+    const int per_stream = (oe - ob) / R;
+    for (int i = 0; i < per_stream; ++i) matmul_tokens<V, R, C>(out, x, W, T, n, d, ob + i, per_stream);
+    for (int o = ob + R * per_stream; o < oe; ++o) matmul_tokens<V, 1, C>(out, x, W, T, n, d, o, 0);
+}
+
+// The same kernel compiled for each instruction set, with a tile that
+// (nearly) fits its registers: R x C accumulators, C inputs and a weight, in
+// 16 registers (32 with AVX-512). A single token (decode of one sequence)
+// gets two rows per tile: it is limited by reading the weights, and two
+// streams read faster than one. Any shape gives the same bits; these were
+// simply the fastest of the shapes we measured on a stories15M-shaped model.
+inline void matmul_rows_baseline(float* out, const float* x, const float* W, int T, int n, int d, int ob, int oe) {
+    if (T == 1) matmul_rows<f32x4, 2, 1>(out, x, W, T, n, d, ob, oe);
+    else matmul_rows<f32x4, 2, 3>(out, x, W, T, n, d, ob, oe);
+}
+#if PKV_CPU_X86
+__attribute__((target("avx2"))) inline void matmul_rows_avx2(float* out, const float* x, const float* W, int T, int n, int d, int ob,
+                                                             int oe) {
+    if (T == 1) matmul_rows<f32x8, 2, 1>(out, x, W, T, n, d, ob, oe);
+    else matmul_rows<f32x8, 4, 3>(out, x, W, T, n, d, ob, oe);
+}
+__attribute__((target("avx512f,avx512vl"))) inline void matmul_rows_avx512(float* out, const float* x, const float* W, int T, int n,
+                                                                           int d, int ob, int oe) {
+    if (T == 1) matmul_rows<f32x8, 2, 1>(out, x, W, T, n, d, ob, oe);
+    else matmul_rows<f32x8, 4, 6>(out, x, W, T, n, d, ob, oe);
+}
+#endif
+
+// out[t][o] = dot(W[o], x[t]) for rows [ob, oe), on the instruction set cpu_simd() names.
+inline void matmul_rows_simd(float* out, const float* x, const float* W, int T, int n, int d, int ob, int oe) {
+#if PKV_CPU_X86
+    switch (cpu_simd()) {
+        case CpuSimd::kAvx512: return matmul_rows_avx512(out, x, W, T, n, d, ob, oe);
+        case CpuSimd::kAvx2: return matmul_rows_avx2(out, x, W, T, n, d, ob, oe);
+        case CpuSimd::kBaseline: break;
+    }
+#endif
+    matmul_rows_baseline(out, x, W, T, n, d, ob, oe);
+}
+#if defined(__NVCC__)
+#pragma nv_diagnostic pop
+#endif
+
+// ----------------------------------------------------------------------------
+// Threads
+// ----------------------------------------------------------------------------
+
+// Whether a forward pass should use every core. Threads never change a bit
+// of a result (each output is computed whole by one thread, in its fixed
+// order), only how long it takes, and the answer depends on the machine right
+// now:
+//   - a tiny product is all overhead: starting the threads and waiting for
+//     them costs more than the work saves;
+//   - on a machine busy with other work, the threads compete with it for
+//     the cores: measured on the project's 2-core machine with another
+//     process running, single-sequence decode with 2 OpenMP threads was 2-4x
+//     *slower* than with 1. (WorkerPool, below, takes the worst of that away;
+//     a busy machine is still no place for a second thread.)
+// So we measure instead of guessing, and we decide for a whole forward pass
+// at a time, not product by product. Between two parallel jobs the idle
+// worker threads keep spinning on their cores for a while, ready for the next
+// job (WorkerPool, below); with jobs a few microseconds apart they never stop.
+// On a busy machine that spinning takes a core that our own main thread or
+// another process needs, so every part of the pass is slowed, serial parts
+// included, and only passes with no parallel job at all let the workers go to
+// sleep. A choice made per product cannot see that; a choice per pass can.
+// Passes of different sizes behave differently (one token is mostly reading
+// weights and overhead, a big batch mostly arithmetic), so we keep separate
+// figures per size class (a power of two of multiply-adds): the time per
+// multiply-add of serial and of parallel passes. Each mode is measured twice
+// first (the very first parallel pass also pays for starting the worker
+// threads), then we use the faster one (threads only if faster by
+// kParallelMargin), keeping its figure as a moving average, and now and then
+// measure the other mode again, taking that fresh figure as it is. A probe of
+// the losing mode costs time, so while probes keep
+// confirming the choice we probe less and less often (every 32, 64, ... up to
+// 1024 passes of that size class), and start again at 32 when one changes it.
+// A machine that becomes busy (or idle again) is followed within a few steps.
+// Below kMinParallelMacs we do not even measure: that little work cannot pay
+// for a parallel region (and inside a parallel pass, a product or an attention
+// smaller than that runs on one thread). One policy per process, because it
 // describes the machine, not one model.
 class ThreadPolicy {
 public:
-    static constexpr long kMinParallelMacs = 1L << 18;
+    static constexpr long kMinParallelMacs = 1L << 16;
     static constexpr int kMinProbeInterval = 32, kMaxProbeInterval = 1024;
+    // Threads must be clearly faster to be chosen: by this factor. On a
+    // machine where both modes take about as long on average, the parallel
+    // one is the riskier (now and then a worker is descheduled mid-chunk and
+    // the pass waits for it), so a tie goes to one thread.
+    static constexpr double kParallelMargin = 1.15;
+
+    // kMeasure is the policy above; kSerial and kParallel force one mode, for
+    // tests that must see both and for experiments (kParallel also splits
+    // work too small to pay for it, so that small test models are split).
+    enum class Force { kMeasure, kSerial, kParallel };
+    Force force = Force::kMeasure;
 
     static ThreadPolicy& instance() {
         static ThreadPolicy p;
         return p;
     }
     bool use_parallel(long macs) {
-        if (macs < kMinParallelMacs || max_threads() < 2) return false;
+        if (max_threads() < 2 || force == Force::kSerial) return false;
+        if (force == Force::kParallel) return true;
+        if (macs < kMinParallelMacs) return false;
         Class& c = cls(macs);
         if (c.samples[0] < 2) return false;  // measure each mode twice first
         if (c.samples[1] < 2) return true;
-        const bool best = c.ns_per_mac[1] < c.ns_per_mac[0];
+        const bool best = parallel_wins(c);
         if (++c.since_probe < c.interval) return best;
         c.since_probe = 0;
         c.probing = true;
         return !best;
     }
+    // Whether a piece of a parallel pass (one product, the attention) is
+    // big enough to split.
+    bool worth_splitting(long macs) const { return force == Force::kParallel || macs >= kMinParallelMacs; }
     void record(bool parallel, long macs, double seconds) {
-        if (macs < kMinParallelMacs || max_threads() < 2) return;
+        if (macs < kMinParallelMacs || max_threads() < 2 || force != Force::kMeasure) return;
         Class& c = cls(macs);
         const double x = seconds * 1e9 / (double)macs;
         double& fig = c.ns_per_mac[parallel];
@@ -200,14 +481,14 @@ public:
             fig = c.samples[parallel] == 1 ? x : std::min(fig, x);
             return;
         }
-        const bool best_before = c.ns_per_mac[1] < c.ns_per_mac[0];
+        const bool best_before = parallel_wins(c);
         if (!c.probing) {
-            fig = 0.75 * fig + 0.25 * x;
+            fig = 0.875 * fig + 0.125 * x;  // a moving average over about eight passes
             return;
         }
         fig = x;
         c.probing = false;
-        const bool best_after = c.ns_per_mac[1] < c.ns_per_mac[0];
+        const bool best_after = parallel_wins(c);
         c.interval = best_after == best_before ? std::min(2 * c.interval, kMaxProbeInterval) : kMinProbeInterval;
     }
     // The current figures of the size class of `macs`, for bench_cpu and the
@@ -231,6 +512,7 @@ private:
         int interval = kMinProbeInterval, since_probe = 0;
         bool probing = false;
     };
+    static bool parallel_wins(const Class& c) { return c.ns_per_mac[1] * kParallelMargin < c.ns_per_mac[0]; }
     static int class_of(long macs) {
         int k = 0;
         while (k < 63 && (macs >> (k + 1)) > 0) ++k;
@@ -240,22 +522,189 @@ private:
     Class classes_[64];  // [floor(log2(macs))]
 };
 
-// out[t][o] = W[o] . x[t] for every token t: W is [d][n], x is [T][n], out [T][d].
-// Output rows are split across OpenMP threads when ThreadPolicy says so.
-// Looping tokens inside the row keeps that row of W hot in L1 while every
-// token of the batch uses it -- the reason batching is cheaper per token
-// (the TUTORIAL's performance chapter measures it).
-inline void matmul(float* out, const float* x, const float* W, int T, int n, int d) {
-    ThreadPolicy& policy = ThreadPolicy::instance();
-    const long macs = (long)T * n * d;
-    const bool parallel = policy.use_parallel(macs);
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int o = 0; o < d; ++o) {
-        const float* row = W + (size_t)o * n;
-        for (int t = 0; t < T; ++t) out[(size_t)t * d + o] = dot(row, x + (size_t)t * n, n);
+// A CPU's polite busy-wait: tells the core we are spinning (on x86 the pause
+// instruction), which saves power and lets a sibling hyperthread run.
+inline void spin_pause() {
+#if PKV_CPU_X86
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+}
+
+// Worker threads that the caller never waits for.
+//
+// OpenMP's `#pragma omp parallel` is a fork and a join: every thread of the
+// team must arrive at the end before the caller goes on. On an idle machine
+// that costs microseconds. On a busy one, a thread that the OS has
+// descheduled -- or one that was asleep and waits to be woken -- holds up the
+// whole region: we measured single regions of a decode step that took many
+// times as long as the whole step should. So the forward pass uses this small
+// pool instead, with one rule: the caller never waits for a thread that has
+// not started working.
+//
+// A job is cut into chunks (a stretch of rows, a run of tokens). The caller
+// publishes the job, wakes the workers, and takes chunks itself, one at a
+// time, from a shared counter. A worker that wakes in time takes chunks too;
+// one that is late finds none left and goes back to waiting. At the end the
+// caller waits only for chunks a worker has already taken, which are short.
+// Which thread computes a chunk changes nothing: every output is computed
+// whole, by one thread, in its fixed order.
+//
+// Between jobs a worker spins for a while, because during a forward pass the
+// next job comes within microseconds and waking a sleeping thread takes much
+// longer; then it sleeps on a condition variable until the next job.
+class WorkerPool {
+public:
+    // The process's pool, made on first use and never destroyed: its threads
+    // just end with the process. (A destructor would have to stop and join
+    // them while other static objects are already being destroyed.)
+    static WorkerPool& instance() {
+        static WorkerPool* pool = new WorkerPool;
+        return *pool;
     }
-    policy.record(parallel, macs, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+    // Calls chunk(i) once for each i in [0, chunks), on this thread and on up
+    // to `threads - 1` workers, and returns when every call has returned. The
+    // first exception a call throws is rethrown here once all calls are done
+    // (an exception must not escape a worker thread: the program would end).
+    template <class F>
+    void run(int threads, int chunks, const F& chunk) {
+        auto job = std::make_shared<Job>();
+        job->call = [](const void* f, int i) { (*static_cast<const F*>(f))(i); };
+        job->fn = &chunk;
+        job->chunks = chunks;
+        job->workers_wanted = threads - 1;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            while ((int)started_ < threads - 1) {
+                std::thread(&WorkerPool::worker_loop, this, generation_.load()).detach();
+                ++started_;
+            }
+            job_ = job;
+            generation_.fetch_add(1, std::memory_order_release);
+        }
+        wake_.notify_all();
+        work(*job);
+        // Every chunk is taken; wait for those a worker is still computing.
+        for (int spins = 0; job->done.load(std::memory_order_acquire) < chunks; ++spins)
+            if (spins < 4096) spin_pause();
+            else std::this_thread::yield();
+        if (job->error) std::rethrow_exception(job->error);
+    }
+
+private:
+    struct Job {
+        void (*call)(const void*, int) = nullptr;  // calls *fn with a chunk index
+        const void* fn = nullptr;
+        int chunks = 0, workers_wanted = 0;
+        std::atomic<int> next{0}, done{0}, workers{0};
+        std::mutex error_mutex;
+        std::exception_ptr error;
+    };
+
+    // Take chunks from the job until none are left.
+    static void work(Job& job) {
+        for (int i; (i = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) {
+            try {
+                job.call(job.fn, i);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(job.error_mutex);
+                if (!job.error) job.error = std::current_exception();
+            }
+            job.done.fetch_add(1, std::memory_order_release);  // publishes the chunk's outputs
+        }
+    }
+
+    // A worker's life: wait for a job newer than the last one seen, take its
+    // chunks (if this job wants another worker), repeat.
+    void worker_loop(uint64_t seen) {
+        for (;;) {
+            wait_for_job(seen);
+            std::shared_ptr<Job> job;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                seen = generation_.load(std::memory_order_relaxed);
+                job = job_;
+            }
+            if (job->workers.fetch_add(1, std::memory_order_relaxed) < job->workers_wanted) work(*job);
+        }
+    }
+    void wait_for_job(uint64_t seen) {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+        for (int spins = 1; generation_.load(std::memory_order_acquire) == seen; ++spins) {
+            spin_pause();
+            if (spins % 256 == 0 && std::chrono::steady_clock::now() > give_up) {
+                std::unique_lock<std::mutex> lock(mutex_);
+                wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+                return;
+            }
+        }
+    }
+
+    static constexpr int kSpinMicroseconds = 1000;  // how long an idle worker stays awake
+    std::mutex mutex_;                  // guards job_ and started_; generation_ changes under it
+    std::condition_variable wake_;      // a new job, for sleeping workers
+    std::shared_ptr<Job> job_;          // the latest job (a late worker may still hold an older one)
+    std::atomic<uint64_t> generation_{0};  // how many jobs have been published
+    unsigned started_ = 0;              // workers started
+};
+
+// Runs body(i, n) for each chunk i of n = `chunks` on this thread and the pool's
+// workers when `parallel` (and there are threads to share with), else once, on
+// this thread, as body(0, 1): the whole range in one piece.
+template <class Body>
+inline void for_each_chunk(bool parallel, int chunks, const Body& body) {
+    const int threads = ThreadPolicy::max_threads();
+    if (!parallel || threads < 2 || chunks < 2) {
+        body(0, 1);
+        return;
+    }
+    WorkerPool::instance().run(threads, chunks, [&](int i) { body(i, chunks); });
+}
+
+// How many chunks to cut `macs` multiply-adds of work into. Several per
+// thread, so that a thread that comes late, or is slowed by another process,
+// leaves its share to the others; but none much smaller than kChunkMacs,
+// because a chunk of a single token's matmul is a stretch of weight rows read
+// from memory, and every new stretch makes the hardware prefetcher start
+// over: one token's products are split in as few pieces as there are threads.
+inline int parallel_chunks(long macs) {
+    constexpr long kChunkMacs = 1L << 17;
+    const int threads = ThreadPolicy::max_threads();
+    return (int)std::clamp<long>(macs / kChunkMacs, threads, 4L * threads);
+}
+
+// One matrix of a matmul: out [T, d] = x [T, n] times W [d, n] transposed.
+struct MatmulPart {
+    float* out;
+    const float* W;
+    int d;
+};
+
+// Several matrices applied to the same input x [T, n]: out_p[t][o] = dot(W_p[o], x[t]).
+// Wq, Wk and Wv all read the same normed x, and so do W1 and W3; handing them
+// over together makes one parallel job (one start, one wait) instead of
+// three. With `parallel` the rows of all parts, taken end to end, are cut into
+// chunks (for_each_chunk): each a contiguous stretch, so each thread reads
+// its own share of the weights.
+inline void matmul_parts(const float* x, int T, int n, std::initializer_list<MatmulPart> parts, bool parallel = false) {
+    long rows = 0;
+    for (const MatmulPart& p : parts) rows += p.d;
+    for_each_chunk(parallel, parallel_chunks((long)T * n * rows), [&](int chunk, int chunks) {
+        const long lo = rows * chunk / chunks, hi = rows * (chunk + 1) / chunks;  // this chunk's rows
+        long first = 0;                                                               // the part's first row
+        for (const MatmulPart& p : parts) {
+            const long b = std::max(lo, first), e = std::min(hi, first + p.d);
+            if (b < e) matmul_rows_simd(p.out, x, p.W, T, n, p.d, (int)(b - first), (int)(e - first));
+            first += p.d;
+        }
+    });
+}
+
+// out[t][o] = dot(W[o], x[t]) for every token t: W is [d][n], x is [T][n], out [T][d].
+inline void matmul(float* out, const float* x, const float* W, int T, int n, int d, bool parallel = false) {
+    matmul_parts(x, T, n, {{out, W, d}}, parallel);
 }
 
 // RMSNorm with eps 1e-5: o = w * x / sqrt(mean(x^2) + eps).
@@ -279,8 +728,10 @@ inline void rmsnorm(float* o, const float* x, const float* weight, int n) {
 // Face's Llama rotates the two halves of a head instead (rotate_half), and
 // checkpoints converted between the two conventions permute the rows of wq
 // and wk: a classic source of a model that loads fine and talks nonsense.
-// vLLM precomputes a cos/sin table per position (cos_sin_cache); we recompute
-// on the CPU, and build the GPU's table with this function, so bits agree.
+// vLLM precomputes a cos/sin table per position (cos_sin_cache); we fill a
+// table for the batch's positions at the start of each forward pass (see
+// rope_from_table), and the GPU runner fills its own with this same
+// function, so bits agree.
 inline void rope_cos_sin(int pos, int i, int head_dim, float& fcr, float& fci) {
     const float freq = 1.0f / std::pow(10000.0f, i / (float)head_dim);
     const float val = pos * freq;
@@ -300,6 +751,15 @@ inline void rope(float* vec, int n, int head_dim, int pos) {
         rope_rotate(vec + i, fcr, fci);
     }
 }
+// The same rotation with the angles looked up: cs[i], cs[i + 1] = (cos, sin)
+// for the pair at index i of a head, i = 0, 2, ..., head_dim - 2. They depend
+// on the position and on i only, so one table per token serves every head, q
+// and k alike, in every layer: head_dim / 2 calls of rope_cos_sin per token
+// instead of a cos, a sin and a pow per pair per layer (the same function on
+// the same inputs, so the same bits). The GPU runner builds the same table.
+inline void rope_from_table(float* vec, int n, int head_dim, const float* cs) {
+    for (int i = 0; i < n; i += 2) rope_rotate(vec + i, cs[i % head_dim], cs[i % head_dim + 1]);
+}
 
 // ============================================================================
 // 3. The forward pass
@@ -315,6 +775,72 @@ inline void rope(float* vec, int n, int head_dim, int pos) {
 //   x += W2 (silu(xb2 W1^T) * xb2 W3^T)      with xb2 = rmsnorm(x)
 // then logits = rmsnorm(x) Wcls^T for the tokens in logits_indices only.
 
+// Chunk `chunk` of `chunks` of the batch's paged attention (for_each_chunk
+// runs the chunks on the threads). Each (token, head) is computed whole by one
+// call of paged_attention_ref, so how we split changes no bit:
+//   - by tokens, when there are several: each chunk is a contiguous run
+//     of tokens holding about an equal share of keys (a prefill token late
+//     in its prompt reads many more keys than an early one);
+//   - by kv heads, for a single token (decode of one sequence): the chunk
+//     gets a view of the cache that starts at its first kv head. A KVView
+//     carries its own layout (its n_kv_heads is the stride from one slot to
+//     the next), so a view whose data starts hb heads in, with the same
+//     n_kv_heads, holds kv head hb + h as its head h: every slot, every dtype,
+//     int8 scales included. The query heads of those kv heads come along.
+inline void attention_part(int chunk, int chunks, float* out, const float* q, const KVView& kc, const KVView& vc, const ForwardBatch& b,
+                           const AttentionShape& s) {
+    const int T = b.num_tokens();
+    const size_t row = (size_t)s.n_heads * s.head_dim;  // q and out floats per token
+    if (chunks == 1) {
+        paged_attention_ref(out, q, kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, s);
+    } else if (T > 1 || s.n_kv_heads < 2) {
+        // Tokens [tb, te): those whose keys, counted from the batch's start,
+        // begin inside this chunk's share of all the keys.
+        long keys = 0;
+        for (int t = 0; t < T; ++t) keys += b.positions[t] + 1;
+        int tb = 0, te = 0;
+        long before = 0;
+        for (int t = 0; t < T; ++t) {
+            const long share = before * chunks / keys;  // the chunk whose share token t starts in
+            if (share < chunk) tb = t + 1;
+            if (share <= chunk) te = t + 1;
+            before += b.positions[t] + 1;
+        }
+        if (tb < te)
+            paged_attention_ref(out + tb * row, q + tb * row, kc, vc, b.block_tables.data(), b.token_seq.data() + tb,
+                                b.positions.data() + tb, te - tb, s);
+    } else {
+        // kv heads [hb, he) and their query heads: a smaller model over the same cache.
+        const int hb = s.n_kv_heads * chunk / chunks, he = s.n_kv_heads * (chunk + 1) / chunks;
+        if (hb == he) return;
+        const int group = s.n_heads / s.n_kv_heads;
+        auto from_head_hb = [&](KVView v) {
+            v.data = static_cast<char*>(v.data) + (size_t)hb * s.head_dim * kv_dtype_bytes(v.dtype);
+            if (v.scale) v.scale += hb;
+            return v;
+        };
+        AttentionShape sub = s;
+        sub.n_heads = (he - hb) * group;
+        sub.n_kv_heads = he - hb;
+        const size_t first = (size_t)hb * group * s.head_dim;
+        paged_attention_ref(out + first, q + first, from_head_hb(kc), from_head_hb(vc), b.block_tables.data(), b.token_seq.data(),
+                            b.positions.data(), 1, sub);
+    }
+}
+
+// The multiply-adds of the batch's attention: per key, q.k and p * v over head_dim, per head.
+inline long attention_macs(const ForwardBatch& b, const AttentionShape& s) {
+    long keys = 0;
+    for (int t = 0; t < b.num_tokens(); ++t) keys += b.positions[t] + 1;
+    return keys * s.n_heads * s.head_dim * 2;
+}
+
+// Paged attention for the whole batch; with `parallel`, in chunks on every core.
+inline void attention(float* out, const float* q, const KVView& kc, const KVView& vc, const ForwardBatch& b, const AttentionShape& s,
+                      bool parallel = false) {
+    for_each_chunk(parallel, parallel_chunks(attention_macs(b, s)), [&](int chunk, int chunks) { attention_part(chunk, chunks, out, q, kc, vc, b, s); });
+}
+
 // No state but scratch: everything a sequence remembers lives in the KV
 // cache, addressed through the batch's block tables. That is what lets the
 // scheduler preempt, resume and mix requests freely between two calls.
@@ -328,7 +854,16 @@ struct CpuForward {
     //   k, v [T, kv_dim]    this step's keys and values, on their way to slots
     //   att [T, dim]        attention output, all heads side by side
     //   hb, hb2 [T, hidden_dim]  the two SwiGLU branches
-    std::vector<float> x, xb, q, k, v, att, hb, hb2;
+    //   cs [T, head_dim]    RoPE's (cos, sin) per pair of a head, at each token's position
+    std::vector<float> x, xb, q, k, v, att, hb, hb2, cs;
+
+    // Where forward() spends its time, summed over calls (bench_cpu prints
+    // it; zero it to start again). A clock read costs nanoseconds, the
+    // smallest call we time microseconds.
+    struct Profile {
+        double matmul_s = 0, attention_s = 0, total_s = 0;
+        long passes = 0, parallel_passes = 0;
+    } profile;
 
     CpuForward(const Model& m, KVCache& c) : model(m), cache(c) {}
     // It refers to a model and a cache it does not own: copying it would give
@@ -346,25 +881,48 @@ struct CpuForward {
         for (int t = 0; t < T; ++t)
             if (b.token_ids[t] < 0 || b.token_ids[t] >= c.vocab_size || b.positions[t] < 0 || b.positions[t] >= c.seq_len)
                 throw std::out_of_range("forward: token id or position out of range");
+        const int NL = (int)b.logits_indices.size();
+        AttentionShape shape{c.n_heads, c.n_kv_heads, hd, cache.geo.block_size, b.max_blocks_per_seq};
+
+        // One decision for the whole pass (see ThreadPolicy), by its size in
+        // multiply-adds: the layers' matmuls, attention, the classifier.
+        ThreadPolicy& policy = ThreadPolicy::instance();
+        const long macs = c.n_layers * ((long)T * D * (2L * D + 2L * KV + 3L * H) + attention_macs(b, shape)) + (long)NL * D * c.vocab_size;
+        const bool parallel = policy.use_parallel(macs);
+        // Inside a parallel pass, a piece too small to pay for a split runs on one thread.
+        auto split = [&](long piece_macs) { return parallel && policy.worth_splitting(piece_macs); };
+        const bool split_qkv = split((long)T * D * (D + 2L * KV)), split_wo = split((long)T * D * D), split_ffn = split((long)T * D * 2 * H),
+                   split_w2 = split((long)T * H * D), split_attention = split(attention_macs(b, shape)),
+                   split_classifier = split((long)NL * D * c.vocab_size);
+        const auto start = std::chrono::steady_clock::now();
+        auto timed = [](double& seconds, auto&& work) {
+            const auto t0 = std::chrono::steady_clock::now();
+            work();
+            seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        };
+
         x.resize((size_t)T * D); xb.resize((size_t)T * D); q.resize((size_t)T * D);
         k.resize((size_t)T * KV); v.resize((size_t)T * KV); att.resize((size_t)T * D);
-        hb.resize((size_t)T * H); hb2.resize((size_t)T * H);
+        hb.resize((size_t)T * H); hb2.resize((size_t)T * H); cs.resize((size_t)T * hd);
+        for (int t = 0; t < T; ++t)
+            for (int i = 0; i < hd; i += 2) rope_cos_sin(b.positions[t], i, hd, cs[(size_t)t * hd + i], cs[(size_t)t * hd + i + 1]);
 
         for (int t = 0; t < T; ++t)
             std::copy_n(w.token_embedding.data() + (size_t)b.token_ids[t] * D, D, x.data() + (size_t)t * D);
 
-        AttentionShape shape{c.n_heads, c.n_kv_heads, hd, cache.geo.block_size, b.max_blocks_per_seq};
         for (int l = 0; l < c.n_layers; ++l) {
             // Attention block.
             for (int t = 0; t < T; ++t) rmsnorm(&xb[(size_t)t * D], &x[(size_t)t * D], &w.rms_att[(size_t)l * D], D);
-            matmul(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
-            matmul(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
-            matmul(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
+            timed(profile.matmul_s, [&] {
+                matmul_parts(xb.data(), T, D,
+                             {{q.data(), &w.wq[(size_t)l * D * D], D}, {k.data(), &w.wk[(size_t)l * KV * D], KV}, {v.data(), &w.wv[(size_t)l * KV * D], KV}},
+                             split_qkv);
+            });
             const KVView kc = cache.k_view(l);  // [num_blocks, block_size, n_kv_heads, head_dim] of the cache's dtype
             const KVView vc = cache.v_view(l);
             for (int t = 0; t < T; ++t) {
-                rope(&q[(size_t)t * D], D, hd, b.positions[t]);
-                rope(&k[(size_t)t * KV], KV, hd, b.positions[t]);
+                rope_from_table(&q[(size_t)t * D], D, hd, &cs[(size_t)t * hd]);
+                rope_from_table(&k[(size_t)t * KV], KV, hd, &cs[(size_t)t * hd]);
                 // The write comes before attention because a prefill token
                 // attends to earlier tokens of the same batch, and to itself.
                 // reshape_and_cache: one slot holds all kv heads of one token;
@@ -375,31 +933,43 @@ struct CpuForward {
                 }
             }
             // The only read: token t sees positions 0..positions[t] of its own
-            // sequence, whatever else is in the batch. One core; only matmul is parallel.
-            paged_attention_ref(att.data(), q.data(), kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, shape);
-            matmul(xb.data(), att.data(), &w.wo[(size_t)l * D * D], T, D, D);
+            // sequence, whatever else is in the batch.
+            timed(profile.attention_s, [&] { attention(att.data(), q.data(), kc, vc, b, shape, split_attention); });
+            timed(profile.matmul_s, [&] { matmul(xb.data(), att.data(), &w.wo[(size_t)l * D * D], T, D, D, split_wo); });
             for (size_t i = 0; i < (size_t)T * D; ++i) x[i] += xb[i];
 
-            // Feed-forward block (SwiGLU): w2(silu(w1 x) * w3 x), silu as run.c writes it.
+            // Feed-forward block (SwiGLU): w2(silu(w1 x) * w3 x), silu as run.c
+            // writes it. Its exp() per element is the costliest elementwise
+            // work of the pass (we count one as some 16 multiply-adds), so a
+            // big batch splits it among the threads too.
             for (int t = 0; t < T; ++t) rmsnorm(&xb[(size_t)t * D], &x[(size_t)t * D], &w.rms_ffn[(size_t)l * D], D);
-            matmul(hb.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
-            matmul(hb2.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);
-            for (size_t i = 0; i < (size_t)T * H; ++i) {
-                float val = hb[i];
-                val *= (1.0f / (1.0f + std::exp(-val)));  // silu
-                hb[i] = val * hb2[i];
-            }
-            matmul(xb.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D);
+            timed(profile.matmul_s, [&] {
+                matmul_parts(xb.data(), T, D, {{hb.data(), &w.w1[(size_t)l * H * D], H}, {hb2.data(), &w.w3[(size_t)l * H * D], H}}, split_ffn);
+            });
+            const size_t TH = (size_t)T * H;
+            for_each_chunk(split((long)TH * 16), parallel_chunks((long)TH * 16), [&](int chunk, int chunks) {
+                for (size_t i = TH * chunk / chunks; i < TH * (chunk + 1) / chunks; ++i) {
+                    float val = hb[i];
+                    val *= (1.0f / (1.0f + std::exp(-val)));  // silu
+                    hb[i] = val * hb2[i];
+                }
+            });
+            timed(profile.matmul_s, [&] { matmul(xb.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D, split_w2); });
             for (size_t i = 0; i < (size_t)T * D; ++i) x[i] += xb[i];
         }
 
         // Final norm and classifier, only where logits are wanted.
-        const int NL = (int)b.logits_indices.size();
         std::vector<float> xl((size_t)NL * D);  // [num_logits, dim]
         for (int i = 0; i < NL; ++i)
             rmsnorm(&xl[(size_t)i * D], &x[(size_t)b.logits_indices[i] * D], w.rms_final.data(), D);
         logits.resize((size_t)NL * c.vocab_size);
-        matmul(logits.data(), xl.data(), model.classifier(), NL, D, c.vocab_size);
+        timed(profile.matmul_s, [&] { matmul(logits.data(), xl.data(), model.classifier(), NL, D, c.vocab_size, split_classifier); });
+
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        policy.record(parallel, macs, seconds);
+        profile.total_s += seconds;
+        profile.passes++;
+        profile.parallel_passes += parallel;
     }
 };
 

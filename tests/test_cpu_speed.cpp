@@ -9,9 +9,10 @@
 //      multiple of 8: dot()'s tail) and every token count from 1 to 70 (every
 //      tile shape and remainder), against dot() itself, bit for bit; any
 //      split of the rows among threads too;
-//   2. attention cut into chunks (as the threads share it), put together,
-//      against one whole call of paged_attention_ref, for token splits and
-//      head splits, in all three KV cache dtypes;
+//   2. attention cut into chunks (as the threads share it), each chunk by
+//      the fast paged_attention_cpu, put together, against one whole call of
+//      paged_attention_ref, for token splits and head splits, in all three KV
+//      cache dtypes (contexts below, at and past the 8-key blocks);
 //   3. a whole model's logits on every instruction set, on one thread and
 //      split among threads;
 //   4. the worker pool runs each chunk once, and an exception thrown in a
@@ -193,7 +194,7 @@ TEST_CASE("matmul_parts equals one matmul per part") {
     CHECK(first_bit_diff(o3, dot_matmul(x, W3, T, n, 34)) == -1);
 }
 
-// Proves every chunk of attention_part, put together, equals one whole paged_attention_ref call bit for bit: split by tokens (prefill-like and decode-like batches, more chunks than tokens) and by kv heads (a single token, GQA and not, more chunks than kv heads), for f32, f16 and int8 caches.
+// Proves every chunk of attention_part (paged_attention_cpu: eight keys at a time, rows located once), put together, equals one whole paged_attention_ref call bit for bit: split by tokens (prefill-like and decode-like batches, more chunks than tokens) and by kv heads (a single token, GQA and not, more chunks than kv heads), for f32, f16 and int8 caches.
 TEST_CASE("attention cut into chunks is bit-identical to one call") {
     Rng rng(14);
     struct Case {
@@ -207,6 +208,8 @@ TEST_CASE("attention cut into chunks is bit-identical to one call") {
         {"a prefill of 20", 4, 2, 8, 1, 20, 20},
         {"decodes of 5 sequences", 6, 3, 12, 5, 1, 30},
         {"two chunks beside each other", 6, 6, 8, 2, 7, 19},
+        {"a first token (context 1), head_dim 48", 6, 6, 48, 3, 1, 1},
+        {"exactly 16 keys, GQA 4:1", 8, 2, 16, 2, 1, 16},
     };
     for (pkv::KVDtype dtype : {pkv::KVDtype::kF32, pkv::KVDtype::kF16, pkv::KVDtype::kInt8}) {
         for (const Case& c : cases) {

@@ -775,9 +775,144 @@ inline void rope_from_table(float* vec, int n, int head_dim, const float* cs) {
 //   x += W2 (silu(xb2 W1^T) * xb2 W3^T)      with xb2 = rmsnorm(x)
 // then logits = rmsnorm(x) Wcls^T for the tokens in logits_indices only.
 
+// ---- paged attention, fast and bit-identical to paged_attention_ref ----------
+//
+// paged_attention_ref (paged_kv.cuh) is the attention to read: every element
+// through kv_load, one dot product at a time. It is also slow where it need
+// not be. Each q.k is a chain of head_dim dependent additions, so the CPU
+// waits on each add's latency; kv_load re-derives the slot offset and
+// re-tests the dtype for every element; and for GQA every query head of a
+// group converts the same f16/int8 rows again. At batch 64 that made
+// attention cost about as much as all the matmuls, for a few percent of
+// their multiply-adds.
+//
+// This version changes where the numbers come from, never how they are
+// summed, so its output is the reference's, bit for bit (test_cpu_speed.cpp
+// compares them with memcmp over dtypes, group sizes, block sizes, contexts):
+//   - per (token, kv head), each key's and value's row is located once: a
+//     pointer straight into an f32 cache, or for f16/int8 the row converted
+//     once into scratch with the very expression kv_load uses, shared by the
+//     group's query heads;
+//   - eight keys' dot products run side by side: eight independent chains,
+//     each still summed d = 0, 1, 2, ... as in the reference;
+//   - p . V keeps the reference's order over j for every d, four values per
+//     pass, and its inner loop over d is element-wise, which the compiler
+//     vectorises without reassociating anything.
+inline void paged_attention_cpu(float* out,                   // [num_tokens, n_heads, head_dim]
+                                const float* q,               // [num_tokens, n_heads, head_dim]
+                                const KVView& k_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const KVView& v_cache,        // [num_blocks, block_size, n_kv_heads, head_dim]
+                                const int32_t* block_tables,  // [num_seqs, max_blocks_per_seq]
+                                const int32_t* token_seq,     // [num_tokens]
+                                const int32_t* positions,     // [num_tokens]
+                                int num_tokens, const AttentionShape& s) {
+    const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
+    const float scale_div = std::sqrt((float)hd);
+    std::vector<const float*> krow, vrow;  // [ctx] where key / value j's floats are
+    std::vector<float> kconv, vconv;       // [ctx, hd] converted rows (f16, int8 only)
+    std::vector<float> score;              // [ctx]
+    // Row j of one cache as floats: a pointer into it for f32, else converted.
+    auto rows = [&](const KVView& v, int kvh, const int32_t* table, int ctx, std::vector<const float*>& ptr,
+                    std::vector<float>& conv) {
+        ptr.resize(ctx);
+        if (v.dtype != KVDtype::kF32) conv.resize((size_t)ctx * hd);
+        for (int j = 0; j < ctx; ++j) {
+            const int64_t slot = slot_of(table, j, s.block_size);
+            const int64_t base = kv_offset(slot, kvh, v.n_kv_heads, v.head_dim);
+            if (v.dtype == KVDtype::kF32) {
+                ptr[j] = static_cast<const float*>(v.data) + base;
+                continue;
+            }
+            float* dst = conv.data() + (size_t)j * hd;
+            if (v.dtype == KVDtype::kF16) {
+                const uint16_t* src = static_cast<const uint16_t*>(v.data) + base;
+                for (int d = 0; d < hd; ++d) dst[d] = half_to_float(src[d]);
+            } else {
+                const int8_t* src = static_cast<const int8_t*>(v.data) + base;
+                const float sc = v.scale[slot * v.n_kv_heads + kvh];
+                for (int d = 0; d < hd; ++d) dst[d] = src[d] * sc;
+            }
+            ptr[j] = dst;
+        }
+    };
+    for (int t = 0; t < num_tokens; ++t) {
+        const int32_t* table = block_tables + (size_t)token_seq[t] * s.max_blocks_per_seq;
+        const int ctx = positions[t] + 1;
+        score.resize(ctx);
+        for (int kvh = 0; kvh < s.n_kv_heads; ++kvh) {
+            rows(k_cache, kvh, table, ctx, krow, kconv);
+            rows(v_cache, kvh, table, ctx, vrow, vconv);
+            for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+                const float* qh = q + ((size_t)t * s.n_heads + h) * hd;  // [hd]
+                float* oh = out + ((size_t)t * s.n_heads + h) * hd;       // [hd]
+                // Scores, eight keys at a time, then the rest one by one.
+                int j = 0;
+                // (Spelled out as eight named sums: written as an array
+                // indexed in an inner loop, they lived in memory, not registers.)
+                for (; j + 8 <= ctx; j += 8) {
+                    const float *k0 = krow[j], *k1 = krow[j + 1], *k2 = krow[j + 2], *k3 = krow[j + 3];
+                    const float *k4 = krow[j + 4], *k5 = krow[j + 5], *k6 = krow[j + 6], *k7 = krow[j + 7];
+                    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f, a6 = 0.0f, a7 = 0.0f;
+                    for (int d = 0; d < hd; ++d) {
+                        const float qd = qh[d];
+                        a0 += qd * k0[d]; a1 += qd * k1[d]; a2 += qd * k2[d]; a3 += qd * k3[d];
+                        a4 += qd * k4[d]; a5 += qd * k5[d]; a6 += qd * k6[d]; a7 += qd * k7[d];
+                    }
+                    score[j] = a0 / scale_div; score[j + 1] = a1 / scale_div;
+                    score[j + 2] = a2 / scale_div; score[j + 3] = a3 / scale_div;
+                    score[j + 4] = a4 / scale_div; score[j + 5] = a5 / scale_div;
+                    score[j + 6] = a6 / scale_div; score[j + 7] = a7 / scale_div;
+                }
+                for (; j < ctx; ++j) {
+                    float a = 0.0f;
+                    for (int d = 0; d < hd; ++d) a += qh[d] * krow[j][d];
+                    score[j] = a / scale_div;
+                }
+                // The softmax exactly as the reference: max, exp, sum, divide.
+                float max_score = -INFINITY;
+                for (j = 0; j < ctx; ++j)
+                    if (score[j] > max_score) max_score = score[j];
+                float sum = 0.0f;
+                for (j = 0; j < ctx; ++j) {
+                    score[j] = std::exp(score[j] - max_score);
+                    sum += score[j];
+                }
+                for (j = 0; j < ctx; ++j) score[j] /= sum;
+                // p . V: four values per pass over oh. For each d the sum is
+                // still ((oh + p_j v_j) + p_j+1 v_j+1) + ..., in order of j;
+                // oh is read and written a quarter as often, four d at a time
+                // in a 4-lane vector (baseline x86-64 has them; the compiler
+                // did not vectorise the plain loop at -O2 by itself).
+                float* __restrict o = oh;
+                for (int d = 0; d < hd; ++d) o[d] = 0.0f;
+                for (j = 0; j + 4 <= ctx; j += 4) {
+                    const float p0 = score[j], p1 = score[j + 1], p2 = score[j + 2], p3 = score[j + 3];
+                    const float *v0 = vrow[j], *v1 = vrow[j + 1], *v2 = vrow[j + 2], *v3 = vrow[j + 3];
+                    int d = 0;
+                    for (; d + 4 <= hd; d += 4) {  // four d per f32x4: lane-wise, the same sums
+                        f32x4 acc, a, b, c, e;
+                        std::memcpy(&acc, o + d, sizeof acc);
+                        std::memcpy(&a, v0 + d, sizeof a);
+                        std::memcpy(&b, v1 + d, sizeof b);
+                        std::memcpy(&c, v2 + d, sizeof c);
+                        std::memcpy(&e, v3 + d, sizeof e);
+                        acc = acc + p0 * a + p1 * b + p2 * c + p3 * e;
+                        std::memcpy(o + d, &acc, sizeof acc);
+                    }
+                    for (; d < hd; ++d) o[d] = o[d] + p0 * v0[d] + p1 * v1[d] + p2 * v2[d] + p3 * v3[d];
+                }
+                for (; j < ctx; ++j) {
+                    const float p = score[j], *vr = vrow[j];
+                    for (int d = 0; d < hd; ++d) o[d] += p * vr[d];
+                }
+            }
+        }
+    }
+}
+
 // Chunk `chunk` of `chunks` of the batch's paged attention (for_each_chunk
 // runs the chunks on the threads). Each (token, head) is computed whole by one
-// call of paged_attention_ref, so how we split changes no bit:
+// call of paged_attention_cpu, so how we split changes no bit:
 //   - by tokens, when there are several: each chunk is a contiguous run
 //     of tokens holding about an equal share of keys (a prefill token late
 //     in its prompt reads many more keys than an early one);
@@ -792,7 +927,7 @@ inline void attention_part(int chunk, int chunks, float* out, const float* q, co
     const int T = b.num_tokens();
     const size_t row = (size_t)s.n_heads * s.head_dim;  // q and out floats per token
     if (chunks == 1) {
-        paged_attention_ref(out, q, kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, s);
+        paged_attention_cpu(out, q, kc, vc, b.block_tables.data(), b.token_seq.data(), b.positions.data(), T, s);
     } else if (T > 1 || s.n_kv_heads < 2) {
         // Tokens [tb, te): those whose keys, counted from the batch's start,
         // begin inside this chunk's share of all the keys.
@@ -807,7 +942,7 @@ inline void attention_part(int chunk, int chunks, float* out, const float* q, co
             before += b.positions[t] + 1;
         }
         if (tb < te)
-            paged_attention_ref(out + tb * row, q + tb * row, kc, vc, b.block_tables.data(), b.token_seq.data() + tb,
+            paged_attention_cpu(out + tb * row, q + tb * row, kc, vc, b.block_tables.data(), b.token_seq.data() + tb,
                                 b.positions.data() + tb, te - tb, s);
     } else {
         // kv heads [hb, he) and their query heads: a smaller model over the same cache.
@@ -823,7 +958,7 @@ inline void attention_part(int chunk, int chunks, float* out, const float* q, co
         sub.n_heads = (he - hb) * group;
         sub.n_kv_heads = he - hb;
         const size_t first = (size_t)hb * group * s.head_dim;
-        paged_attention_ref(out + first, q + first, from_head_hb(kc), from_head_hb(vc), b.block_tables.data(), b.token_seq.data(),
+        paged_attention_cpu(out + first, q + first, from_head_hb(kc), from_head_hb(vc), b.block_tables.data(), b.token_seq.data(),
                             b.positions.data(), 1, sub);
     }
 }

@@ -31,10 +31,18 @@ namespace pkv {
 // Index of the largest logit; the lowest index wins a tie.
 // Greedy decoding. Strict ">" gives the tie rule, as in run.c's sample_argmax,
 // so greedy output is a function of the logits alone.
+// The best value so far lives in a local, not re-read as x[best]: the
+// compiler cannot keep x[best] in a register (it must assume the load may
+// change), and on a 32000-entry vocabulary that load chain is most of the
+// time. Same comparisons, same result, NaN included (nothing is > NaN).
 inline int argmax(const float* x, int n) {
     int best = 0;
+    float best_val = x[0];
     for (int i = 1; i < n; ++i)
-        if (x[i] > x[best]) best = i;
+        if (x[i] > best_val) {
+            best_val = x[i];
+            best = i;
+        }
     return best;
 }
 

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli.hpp"
 #include "tests/test_util.hpp"
 
 namespace {
@@ -513,7 +514,11 @@ TEST_CASE("overload flag fuzz: run cleanly or refuse clearly, never crash") {
     // 240 runs; a quarter of that in a sanitizer build, where each run costs
     // several times more and the same flags are met all the same.
     int runs = kSanitized ? 60 : 240;
-    if (const char* env = std::getenv("PAGEDKV_FUZZ_RUNS"); env && *env) runs = std::atoi(env);
+    if (const char* env = std::getenv("PAGEDKV_FUZZ_RUNS"); env && *env) {
+        long long n = 0;
+        if (!cli::to_integer(env, 0, 100000, n)) FAIL("PAGEDKV_FUZZ_RUNS must be an integer in [0, 100000], got '" << std::string(env) << "'");
+        runs = (int)n;
+    }
     REQUIRE(runs >= 0);
 
     // Four at a time, so the fuzz takes seconds, not minutes. One OpenMP thread

@@ -641,9 +641,14 @@ std::string reason(const RunResult& r, int exercise) {
     for (size_t p = 0; (p = r.output.find("): not implemented", p)) != std::string::npos; ++p) {
         const size_t s = r.output.rfind("exercise ", p);
         if (s == std::string::npos) continue;
-        const int k = std::atoi(r.output.c_str() + s + 9);
+        // The digits after "exercise ", read strictly: a message cut short
+        // or garbled yields no number rather than a wrong one.
+        size_t e = s + 9;
+        while (e < r.output.size() && e < s + 12 && std::isdigit((unsigned char)r.output[e])) ++e;
+        long long k = 0;
+        if (!cli::to_integer(r.output.substr(s + 9, e - s - 9).c_str(), 1, 999, k)) continue;
         if (k == exercise) return "not implemented";
-        if (k > 0) return "needs exercise " + std::to_string(k);
+        return "needs exercise " + std::to_string(k);
     }
     return first_lines(r.output, 4);
 }

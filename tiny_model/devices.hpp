@@ -22,21 +22,38 @@
 namespace pkv {
 
 // What `--device sim` simulates for a model given as weights: the GPU and
-// link presets (cost_model.hpp), and the cost parameters.
+// link presets (cost_model.hpp), and the cost parameters. The simulator never
+// touches the weights; it only needs the model's shape to price each step
+// (bytes of weights and KV read, multiply-adds done).
 struct SimOptions {
     std::string gpu = "h200";
     std::string pcie;  // "" = the GPU's own link
     CostParams cost;
 };
 
+// The four devices, and why each check sits where it does:
+//   cpu       always available: forward_cpu.hpp, the reference path;
+//   sim       always available: prices steps, computes no logits that matter;
+//   emulated  the kernels of forward_gpu.cuh on CPU threads, only in a g++
+//             or clang++ build (kDeviceKind says which build this is);
+//   cuda      the same kernels on a GPU, only in a `make cuda` build, and
+//             only if CUDA finds a usable device *now*: a machine without a
+//             driver gets a sentence naming the cause, not a crash in the
+//             first kernel launch.
+// One wrong choice is refused with the command that would work, because a
+// student who types --device cuda into the CPU build deserves to learn which
+// build to make rather than read a CUDA error code.
 inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const SimOptions& sim = {}) {
     if (device == Device::kCpu) return std::make_unique<CpuRunner>(m);
     if (device == Device::kSim) {
+        // Four bytes per weight and per KV element: this model's own f32
+        // checkpoint, priced on the chosen GPU.
         SimConfig s = sim_config(sim.gpu, "builtin", sim.pcie);
         s.model = ModelSpec{"this model", m.cfg, 4, 4, "the model's own f32 checkpoint"};
         s.cost = sim.cost;
         return std::make_unique<SimRunner>(s);
     }
+    // Emulated or CUDA: which one this binary can run was fixed at compile time.
     const std::string built = kDeviceKind;
     if (to_string(device) != built)
         throw std::invalid_argument(device == Device::kCuda

@@ -97,6 +97,9 @@ struct Tokenizer {
         Tokenizer t;
         uint32_t max_len = 0;
         if (!f.read(reinterpret_cast<char*>(&max_len), 4)) throw FileError(path + ": truncated tokenizer (no header)");
+        // Where we are in the file, counted here: asking the stream (tellg)
+        // is a system call per token, 32,000 of them for a llama2 vocabulary.
+        int64_t pos = 4;
         for (;;) {
             float score;
             int32_t len;
@@ -108,11 +111,13 @@ struct Tokenizer {
                 throw FileError(path + ": token " + std::to_string(t.size()) + " has length " + std::to_string(len) +
                                 " (max_token_length is " + std::to_string(max_len) + "): corrupt tokenizer");
             // Check before allocating: a corrupt length must not cost gigabytes.
-            if (len > file_size - (int64_t)f.tellg())
+            pos += 8;
+            if (len > file_size - pos)
                 throw FileError(path + ": truncated tokenizer inside token " + std::to_string(t.size()));
             std::string piece((size_t)len, '\0');
             if (len > 0 && !f.read(piece.data(), len))
                 throw FileError(path + ": truncated tokenizer inside token " + std::to_string(t.size()));
+            pos += len;
             t.vocab.push_back(std::move(piece));
             t.scores.push_back(score);
         }

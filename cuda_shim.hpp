@@ -12,12 +12,12 @@
 //     another. Device memory is host memory; copies are memcpy.
 //
 // What the emulation models honestly: the thread/block index space, the
-// barrier, per-block shared memory, and real concurrency between the threads of
-// a block -- so a missing barrier is a real data race that ThreadSanitizer
-// reports (`make tsan`; TUTORIAL.md's chapter on the CUDA path shows one).
-// What it does not model: timing, warps and their scheduling, memory
-// coalescing, bank conflicts, caches, occupancy, or concurrency *between*
-// blocks. It is for correctness and for stepping through a kernel in gdb, not
+// barrier, per-block shared memory, warp shuffles (shfl_xor), CUDA's launch
+// limits, and real concurrency between the threads of a block -- so a missing
+// barrier is a real data race that ThreadSanitizer reports (`make tsan`;
+// TUTORIAL.md's chapter on the CUDA path shows one). What it does not model:
+// timing, warp lockstep and scheduling, memory coalescing, bank conflicts,
+// caches, occupancy, or concurrency *between* blocks. It is for correctness and for stepping through a kernel in gdb, not
 // for speed: every barrier is a round trip through the operating system's
 // scheduler for each of the block's threads.
 //
@@ -38,8 +38,13 @@
 //   - the block barrier is spelled `syncthreads()` (pkv's name for CUDA's
 //     __syncthreads, which the emulation cannot define: names with a double
 //     underscore belong to the compiler);
-//   - no warp intrinsics (shuffles, votes): reductions go through shared memory
-//     with syncthreads(), so the shim has none to emulate;
+//   - the one warp intrinsic is the butterfly shuffle, spelled
+//     `shfl_xor(v, lane_mask)` (CUDA's __shfl_xor_sync over the full warp,
+//     for the same reserved-name reason; shfl_xor_n for several values at
+//     once), and only in blocks of whole warps
+//     (blockDim a multiple of 32); every lane of the warp calls it, the same
+//     number of times. No votes, no __syncwarp: anything else that crosses
+//     threads goes through shared memory and syncthreads();
 //   - every thread of a block reaches every syncthreads(). CUDA allows the
 //     barrier in conditional code only when the condition is the same for the
 //     whole block; here a thread that skips one leaves the others waiting
@@ -53,13 +58,17 @@
 // TUTORIAL measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
-// Sections: 1. real CUDA (thin wrappers)  2. the emulation  3. DeviceBuffer,
-// the owning array both worlds share.
+// Sections: 0. CUDA's launch limits (both worlds)  1. real CUDA (thin
+// wrappers)  2. the emulation  3. DeviceBuffer, the owning array both worlds
+// share.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -70,9 +79,9 @@
 #include <atomic>
 #include <barrier>
 #include <exception>
+#include <type_traits>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <semaphore>
 #include <thread>
 #endif
@@ -107,6 +116,76 @@
 #endif
 
 namespace pkv {
+
+// ============================================================================
+// 0. CUDA's launch limits, checked on the host in both worlds
+// ============================================================================
+//
+// A GPU refuses a launch whose shape it cannot run: more than 1024 threads in
+// a block, a grid too tall, more dynamic shared memory than the kernel was
+// allowed. The emulation would happily run any of them, so a kernel could pass
+// every test on a laptop and fail on its first GPU. launch() therefore checks
+// the same limits before it runs anything, in both worlds: under nvcc too, so
+// that the error is the same exception with the same words, thrown before the
+// launch instead of arriving as a cudaError afterwards.
+//
+// The limits are the same on every GPU since compute capability 3.0 (Kepler):
+//   block  x, y <= 1024, z <= 64, and x * y * z <= 1024 threads;
+//   grid   x <= 2^31 - 1, y and z <= 65535;
+//   dynamic shared memory <= 48 KiB per block, unless the kernel opted in to
+//   more with cudaFuncSetAttribute(MaxDynamicSharedMemorySize) -- here
+//   set_max_dynamic_shared_memory() -- up to the device's ceiling (227 KiB on
+//   H100/H200; the emulation assumes that figure).
+// A zero-sized grid is not refused: launch() returns at once (section 1 says
+// why), but the block and shared-memory checks still apply.
+constexpr size_t kMaxSharedBytes = 48 * 1024;              // without an opt-in
+constexpr size_t kMaxSharedBytesOptInEmulated = 227 * 1024;  // H100/H200's opt-in ceiling
+constexpr unsigned kMaxBlockThreads = 1024, kMaxBlockXY = 1024, kMaxBlockZ = 64;
+constexpr unsigned long long kMaxGridX = 2147483647ull;
+constexpr unsigned kMaxGridYZ = 65535;
+constexpr int kWarpSize = 32;
+
+namespace detail {
+// The opt-ins so far: kernel (its address) -> bytes it may use. One per
+// program, as cudaFuncSetAttribute's setting lives as long as the CUDA context.
+struct SharedOptIns {
+    std::mutex mu;
+    std::map<const void*, size_t> bytes;
+};
+inline SharedOptIns& shared_opt_ins() {
+    static SharedOptIns r;
+    return r;
+}
+}  // namespace detail
+
+// The dynamic shared memory `kernel` may ask for: 48 KiB, or what it opted in to.
+inline size_t max_dynamic_shared_bytes(const void* kernel) {
+    detail::SharedOptIns& r = detail::shared_opt_ins();
+    std::lock_guard<std::mutex> lock(r.mu);
+    const auto it = r.bytes.find(kernel);
+    return it == r.bytes.end() || it->second < kMaxSharedBytes ? kMaxSharedBytes : it->second;
+}
+
+// Throws std::invalid_argument naming the limit a launch of this shape breaks.
+inline void check_launch_limits(const void* kernel, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                unsigned bz, size_t shared_bytes) {
+    auto dims = [](unsigned x, unsigned y, unsigned z) {
+        return "(" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(z) + ")";
+    };
+    const unsigned long long nthreads = (unsigned long long)bx * by * bz;
+    if (bx == 0 || by == 0 || bz == 0 || bx > kMaxBlockXY || by > kMaxBlockXY || bz > kMaxBlockZ || nthreads > kMaxBlockThreads)
+        throw std::invalid_argument("launch: block " + dims(bx, by, bz) + " has " + std::to_string(nthreads) +
+                                    " threads; CUDA allows 1..1024 threads per block, with x and y at most 1024 and z at most 64");
+    if (gx > kMaxGridX || gy > kMaxGridYZ || gz > kMaxGridYZ)
+        throw std::invalid_argument("launch: grid " + dims(gx, gy, gz) +
+                                    " is larger than CUDA allows (x at most 2^31 - 1, y and z at most 65535)");
+    const size_t limit = max_dynamic_shared_bytes(kernel);
+    if (shared_bytes > limit)
+        throw std::invalid_argument("launch: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory, but this kernel may use " +
+                                    std::to_string(limit) + (limit == kMaxSharedBytes
+                                        ? " (48 KiB); more needs an opt-in: set_max_dynamic_shared_memory(kernel, bytes)"
+                                        : " (its opt-in)"));
+}
 
 #ifdef __CUDACC__
 // ============================================================================
@@ -145,8 +224,9 @@ constexpr const char* kDeviceKind = "cuda";
 // Dynamic shared memory: every extern __shared__ array of a kernel names the
 // same bytes, as many as launch()'s shared_bytes, and the kernel carves them
 // up itself (paged_attention_kernel: query, K tile, V tile, scores). More
-// than 48 KiB per block needs an opt-in (cudaFuncSetAttribute); we never ask
-// for it, because attention_tile_keys (paged_kv.cuh) shrinks the tile instead.
+// than 48 KiB per block needs an opt-in (set_max_dynamic_shared_memory, below);
+// our kernels never ask for it, because attention_tile_keys (paged_kv.cuh)
+// shrinks the tile instead.
 template <class T>
 __device__ inline T* shared_memory() {
     extern __shared__ unsigned char pkv_dynamic_smem[];
@@ -154,12 +234,47 @@ __device__ inline T* shared_memory() {
 }
 // The block barrier, under pkv's name (see the rules at the top).
 __device__ __forceinline__ void syncthreads() { __syncthreads(); }
+// The butterfly shuffle, under pkv's name: lane i gets v of lane i ^ lane_mask,
+// all 32 lanes taking part (the full mask). With width < 32 the warp acts as
+// 32 / width independent segments (CUDA's rule for a partner outside the
+// segment: a later segment gives the caller its own v).
+template <class T>
+__device__ __forceinline__ T shfl_xor(T v, int lane_mask, int width = kWarpSize) {
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+}
+// The same for the first `count` values of an array (count the same in every
+// lane): out[i] = shfl_xor(v[i], ...) for i < count, out[i] = v[i] beyond.
+// On a GPU simply one shuffle per value; it exists for the emulation, which
+// exchanges them all in one meeting of the warp (section 2).
+template <class T, int N>
+__device__ __forceinline__ void shfl_xor_n(const T (&v)[N], T (&out)[N], int count, int lane_mask, int width = kWarpSize) {
+    for (int i = 0; i < N; ++i) out[i] = i < count ? __shfl_xor_sync(0xffffffffu, v[i], lane_mask, width) : v[i];
+}
 
-// An empty grid returns at once: CUDA rejects a zero-sized grid as an invalid
-// configuration, while for us a batch with nothing in it is normal
+// Let `kernel` use up to `bytes` of dynamic shared memory (above 48 KiB),
+// cudaFuncSetAttribute's opt-in; launch() then checks against this figure.
+template <class... KernelArgs>
+void set_max_dynamic_shared_memory(void (*kernel)(KernelArgs...), size_t bytes) {
+    int dev = 0, ceiling = 0;
+    cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&ceiling, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    if (bytes > (size_t)ceiling)
+        throw std::invalid_argument("set_max_dynamic_shared_memory: " + std::to_string(bytes) + " bytes, but this GPU allows at most " +
+                                    std::to_string(ceiling) + " per block");
+    cuda_check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+               "cudaFuncSetAttribute");
+    detail::SharedOptIns& r = detail::shared_opt_ins();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.bytes[reinterpret_cast<const void*>(kernel)] = bytes;
+}
+
+// The limits of section 0 are checked first, exactly as the emulation does.
+// An empty grid then returns at once: CUDA rejects a zero-sized grid as an
+// invalid configuration, while for us a batch with nothing in it is normal
 // (test_kernels.cpp runs reshape_and_cache on 0 tokens).
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
+    check_launch_limits(reinterpret_cast<const void*>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes);
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
     kernel<<<grid, block, shared_bytes>>>(args...);
     cuda_check(cudaGetLastError(), "kernel launch");
@@ -241,6 +356,23 @@ struct RefillShared {
 };
 inline thread_local std::barrier<>* block_barrier = nullptr;  // this block's __syncthreads
 inline thread_local unsigned char* block_shared = nullptr;    // this block's shared memory
+
+// One warp of the block, for shfl_xor: a barrier of its lanes and a mailbox
+// per lane. Two mailboxes, used in turn by successive shuffles: a lane that
+// leaves shuffle k early writes its next value into the other mailbox while
+// slower lanes still read shuffle k's, and cannot come back to this one
+// before every lane has arrived at shuffle k + 1's barrier, i.e. finished
+// reading. So one barrier per shuffle suffices.
+constexpr size_t kMailBytes = 256;  // the most one shuffle may move per lane (shfl_xor_n)
+struct Warp {
+    explicit Warp(std::ptrdiff_t n) : bar(n), lanes((int)n) {}
+    std::barrier<> bar;
+    int lanes;                                          // 32, or fewer in a partial last warp
+    alignas(16) unsigned char mail[2][32][kMailBytes];  // [parity, lane, bytes of the values]
+};
+inline thread_local Warp* warp = nullptr;       // this thread's warp
+inline thread_local unsigned lane = 0;          // its lane, threadIdx's linear index % 32
+inline thread_local unsigned shfl_parity = 0;   // which mailbox the next shuffle uses
 }  // namespace emu
 
 // __syncthreads(): all blockDim threads arrive before any leaves, CUDA's
@@ -253,6 +385,62 @@ inline void syncthreads() { emu::block_barrier->arrive_and_wait(); }
 template <class T>
 inline T* shared_memory() {
     return reinterpret_cast<T*>(emu::block_shared);
+}
+
+// __shfl_xor_sync(0xffffffff, v, lane_mask, width): every lane posts v in its
+// mailbox, the warp meets at its barrier (which, like syncthreads(), also
+// orders the memory: TSan sees the exchange as synchronised), and each lane
+// reads its partner's. A real shuffle promises nothing about *memory*, only
+// about the value exchanged: a kernel must not lean on a shuffle to publish a
+// shared-memory write to its warp (that needs syncthreads() here; the
+// emulation would not catch it). A kernel that shuffles must run whole warps:
+// with a partial warp CUDA's full mask names lanes that do not exist
+// (undefined behaviour), so here it throws.
+//
+// shfl_xor_n does count shuffles of as many values in one meeting of the warp
+// (on a GPU it is simply count shuffles): every barrier of the emulation is a
+// round trip through the operating system for 32 threads, so a kernel that
+// reduces several values at once pays for one instead of count.
+template <class T, int N>
+inline void shfl_xor_n(const T (&v)[N], T (&out)[N], int count, int lane_mask, int width = kWarpSize) {
+    static_assert(std::is_trivially_copyable_v<T> && N * sizeof(T) <= emu::kMailBytes, "shfl_xor_n moves at most 256 bytes per lane");
+    emu::Warp& w = *emu::warp;
+    if (w.lanes != kWarpSize)
+        throw std::logic_error("shfl_xor: the block has a partial warp (" + std::to_string(w.lanes) +
+                               " lanes); a kernel that shuffles needs blockDim a multiple of 32");
+    if (width < 1 || width > kWarpSize || (width & (width - 1)) != 0)
+        throw std::logic_error("shfl_xor: width must be a power of two, 1..32");
+    if (count < 0 || count > N) throw std::logic_error("shfl_xor_n: count out of range");
+    const unsigned me = emu::lane, p = emu::shfl_parity;
+    emu::shfl_parity ^= 1u;
+    std::memcpy(w.mail[p][me], v, (size_t)count * sizeof(T));
+    w.bar.arrive_and_wait();
+    // CUDA: a partner in a later segment of `width` lanes is out of reach, and
+    // the caller gets its own value back; an earlier segment is fine.
+    const unsigned src = (me ^ (unsigned)lane_mask) & 31u;
+    const bool reach = src < (me / (unsigned)width + 1) * (unsigned)width;
+    for (int i = 0; i < N; ++i) out[i] = v[i];
+    if (reach) std::memcpy(out, w.mail[p][src], (size_t)count * sizeof(T));
+}
+template <class T>
+inline T shfl_xor(T v, int lane_mask, int width = kWarpSize) {
+    const T in[1] = {v};
+    T out[1];
+    shfl_xor_n(in, out, 1, lane_mask, width);
+    return out[0];
+}
+
+// The opt-in to more than 48 KiB of dynamic shared memory (section 0): the
+// emulation has no device to ask, so it allows what an H100/H200 allows.
+template <class... KernelArgs>
+void set_max_dynamic_shared_memory(void (*kernel)(KernelArgs...), size_t bytes) {
+    if (bytes > kMaxSharedBytesOptInEmulated)
+        throw std::invalid_argument("set_max_dynamic_shared_memory: " + std::to_string(bytes) +
+                                    " bytes, but the emulated GPU (an H100/H200) allows at most " +
+                                    std::to_string(kMaxSharedBytesOptInEmulated) + " per block");
+    detail::SharedOptIns& r = detail::shared_opt_ins();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.bytes[reinterpret_cast<const void*>(kernel)] = bytes;
 }
 
 inline bool device_available(std::string* = nullptr) { return true; }
@@ -332,26 +520,27 @@ inline ThreadPool& pool() {
 // order. kernel(args...) copies the arguments into the kernel's by-value
 // parameters, one private copy per thread, as a GPU gives every thread the
 // launch's parameters.
-// CUDA's launch limits are checked here because nothing else would: a launch
-// that the emulation ran happily must not fail on the first real GPU. The
-// shared-memory limit is the 48 KiB every GPU grants without an opt-in
-// (cudaFuncSetAttribute), which our kernels never ask for.
-constexpr size_t kMaxSharedBytes = 48 * 1024;
+// CUDA's launch limits (section 0) are checked first, because nothing else
+// would: a launch that the emulation ran happily must not fail on the first
+// real GPU.
+// Warps: the block's threads in linear order, 32 to a warp (the last one
+// partial when blockDim is not a multiple of 32), each with its own barrier
+// and mailboxes for shfl_xor. They persist across the launch's blocks, as
+// the shuffle's mailbox parity does: every lane shuffles equally often.
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
+    check_launch_limits(reinterpret_cast<const void*>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes);
     const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
-    if (nthreads == 0 || nthreads > 1024 || block.z > 64) throw std::invalid_argument("launch: a block must have 1..1024 threads (z at most 64)");
-    if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
-        throw std::invalid_argument("launch: grid is larger than CUDA allows (x < 2^31, y and z <= 65535)");
-    if (shared_bytes > kMaxSharedBytes)
-        throw std::invalid_argument("launch: " + std::to_string(shared_bytes) + " bytes of dynamic shared memory; more than 48 KiB needs an opt-in");
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     if (nblocks == 0) return;
     std::vector<unsigned char> shared(shared_bytes + 16, 0xFF);  // [shared_bytes] (+16: never a null pointer)
     std::barrier<> sync_bar((std::ptrdiff_t)nthreads);                                   // __syncthreads
     std::barrier<emu::RefillShared> end_bar((std::ptrdiff_t)nthreads, emu::RefillShared{&shared});  // end of a block
+    std::vector<std::unique_ptr<emu::Warp>> warps;  // [ceil(nthreads / 32)]
+    for (unsigned long long first = 0; first < nthreads; first += kWarpSize)
+        warps.push_back(std::make_unique<emu::Warp>((std::ptrdiff_t)std::min<unsigned long long>(kWarpSize, nthreads - first)));
     // A kernel thread that throws (a GPU thread cannot; here a bounds check or
-    // an exercise stub can) leaves the launch: it drops out of both barriers,
+    // an exercise stub can) leaves the launch: it drops out of its barriers,
     // so the block's other threads are not left waiting for it, and its
     // exception is rethrown on the host once every thread has returned. The
     // launch's results are garbage then, as after a GPU fault.
@@ -363,6 +552,9 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
         gridDim = grid;
         emu::block_barrier = &sync_bar;
         emu::block_shared = shared.data();
+        emu::warp = warps[tid / kWarpSize].get();
+        emu::lane = tid % kWarpSize;
+        emu::shfl_parity = 0;
         try {
             for (unsigned long long b = 0; b < nblocks; ++b) {
                 blockIdx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
@@ -375,6 +567,7 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_
                 if (!error) error = std::current_exception();
             }
             sync_bar.arrive_and_drop();
+            emu::warp->bar.arrive_and_drop();
             if (shared_bytes > 0) end_bar.arrive_and_drop();
         }
     };

@@ -8,9 +8,11 @@
 // binary on a machine without a GPU every test skips with a MESSAGE.
 //
 //   1. reshape_and_cache: exact, negative slots skipped;
-//   2. paged_attention: against paged_attention_ref on random paged batches
-//      (block sizes, GQA ratios, head dims, multi-tile contexts, NaN-poisoned
-//      unused slots), and its shape checks;
+//   2. paged_attention, both kernels: against paged_attention_ref on random
+//      paged batches (block sizes, GQA ratios, head dims, multi-tile and
+//      multi-partition contexts, f32/f16/int8 caches, NaN-poisoned unused
+//      slots), the partitioned kernel's batch invariance, the shape checks;
+//      then the shim itself: shfl_xor and CUDA's launch limits;
 //   3. the GEMM against matmul(): bit for bit;
 //   4. rmsnorm, embedding, rope, add, swiglu kernels against the CPU;
 //   5. argmax_rows against argmax(), ties and -inf included;
@@ -173,7 +175,7 @@ AttnProblem make_attention_problem(Rng& rng, int block_size, int n_kv_heads, int
     return p;
 }
 
-std::vector<float> run_paged_attention_kernel(const AttnProblem& p) {
+std::vector<float> run_paged_attention_kernel(const AttnProblem& p, pkv::AttentionKernel kernel) {
     const size_t n = (size_t)p.num_tokens * p.s.n_heads * p.s.head_dim;
     auto dq = to_device(p.q);
     auto dk = to_device(p.k_cache);
@@ -183,7 +185,84 @@ std::vector<float> run_paged_attention_kernel(const AttnProblem& p) {
     auto dpos = to_device(p.positions);
     pkv::DeviceBuffer<float> dout(n);
     pkv::paged_attention(dout.data(), dq.data(), dk.data(), dv.data(), dtables.data(), dseq.data(), dpos.data(),
-                         p.num_tokens, p.s);
+                         p.num_tokens, p.s, kernel);
+    return to_host(dout, n);
+}
+
+constexpr pkv::AttentionKernel kBothKernels[] = {pkv::AttentionKernel::kBaseline, pkv::AttentionKernel::kPartitioned};
+
+// The problem's caches stored in `dtype` (kv_store, as reshape_and_cache
+// would), with every slot no sequence wrote poisoned: f16 NaN, int8 a NaN
+// scale. Host arrays; KVViews onto them for the reference.
+struct TypedCaches {
+    pkv::KVDtype dtype;
+    std::vector<std::byte> k, v;   // [num_blocks, block_size, n_kv_heads, head_dim] elements of dtype
+    std::vector<float> ks, vs;     // [num_blocks, block_size, n_kv_heads], int8 only
+    int nkv = 0, hd = 0;
+    pkv::KVView k_view() { return {dtype, k.data(), ks.empty() ? nullptr : ks.data(), nkv, hd}; }
+    pkv::KVView v_view() { return {dtype, v.data(), vs.empty() ? nullptr : vs.data(), nkv, hd}; }
+};
+TypedCaches typed_caches(const AttnProblem& p, pkv::KVDtype dtype) {
+    TypedCaches c;
+    c.dtype = dtype;
+    c.nkv = p.s.n_kv_heads;
+    c.hd = p.s.head_dim;
+    const int64_t slots = (int64_t)p.num_blocks * p.s.block_size;
+    const size_t elems = (size_t)slots * c.nkv * c.hd;
+    c.k.resize(elems * pkv::kv_dtype_bytes(dtype));
+    c.v.resize(c.k.size());
+    if (dtype == pkv::KVDtype::kInt8) {
+        c.ks.resize((size_t)slots * c.nkv);
+        c.vs.resize(c.ks.size());
+    }
+    for (int64_t slot = 0; slot < slots; ++slot)
+        for (int h = 0; h < c.nkv; ++h) {
+            const size_t off = (size_t)pkv::kv_offset(slot, h, c.nkv, c.hd);
+            for (int kv = 0; kv < 2; ++kv) {
+                const float* x = (kv ? p.v_cache : p.k_cache).data() + off;
+                const pkv::KVView view = kv ? c.v_view() : c.k_view();
+                if (!std::isnan(x[0])) {
+                    pkv::kv_store(view, slot, h, x);
+                } else if (dtype == pkv::KVDtype::kF16) {
+                    for (int d = 0; d < c.hd; ++d) static_cast<uint16_t*>(view.data)[off + d] = 0x7E00;  // NaN
+                } else if (dtype == pkv::KVDtype::kInt8) {
+                    view.scale[slot * c.nkv + h] = kNaN;
+                } else {
+                    for (int d = 0; d < c.hd; ++d) static_cast<float*>(view.data)[off + d] = kNaN;
+                }
+            }
+        }
+    return c;
+}
+
+// The kernel over typed caches, through device memory.
+std::vector<float> run_paged_attention_typed(const AttnProblem& p, TypedCaches& c, pkv::AttentionKernel kernel,
+                                             const std::vector<int32_t>& token_seq, const std::vector<int32_t>& positions,
+                                             const std::vector<int32_t>& block_tables, int max_blocks_per_seq,
+                                             const std::vector<float>& q) {
+    const int T = (int)positions.size();
+    const size_t n = (size_t)T * p.s.n_heads * p.s.head_dim;
+    pkv::DeviceBuffer<std::byte> dk(c.k.size()), dv(c.v.size());
+    dk.upload(c.k);
+    dv.upload(c.v);
+    pkv::DeviceBuffer<float> dks, dvs;
+    pkv::KVView kview = c.k_view(), vview = c.v_view();
+    kview.data = dk.data();
+    vview.data = dv.data();
+    if (!c.ks.empty()) {
+        dks.upload(c.ks);
+        dvs.upload(c.vs);
+        kview.scale = dks.data();
+        vview.scale = dvs.data();
+    }
+    auto dq = to_device(q);
+    auto dtables = to_device(block_tables);
+    auto dseq = to_device(token_seq);
+    auto dpos = to_device(positions);
+    pkv::DeviceBuffer<float> dout(n);
+    pkv::AttentionShape s = p.s;
+    s.max_blocks_per_seq = max_blocks_per_seq;
+    pkv::paged_attention(dout.data(), dq.data(), kview, vview, dtables.data(), dseq.data(), dpos.data(), T, s, kernel);
     return to_host(dout, n);
 }
 
@@ -201,13 +280,13 @@ pkv::Model small_random_model(uint64_t seed) { return pkv::make_random_model(sma
 // logit), the greedy choices, and forward_argmax against forward's logits
 // (after the last step; with all_argmax_checks also after the two prefills).
 void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int decode_steps, uint64_t seed, double tol,
-                                    bool all_argmax_checks) {
+                                    bool all_argmax_checks, pkv::AttentionKernel attention) {
     const pkv::Config& c = m.cfg;
     Rng rng(seed);
     const int num_blocks = 3 * pkv::blocks_for_tokens(20 + decode_steps + 1, block_size) + 2;
     const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
     auto cpu = pkv_test::runner(m, pkv::Device::kCpu, geo);
-    auto gpu = pkv_test::runner(m, kernel_device(), geo);
+    auto gpu = pkv_test::runner(m, kernel_device(), geo, 0, attention);
     pkv::BlockPool pool = shuffled_pool(num_blocks, block_size, rng);
     std::vector<Seq> seqs(3);
     seqs[0].tokens = random_tokens(rng, 20, c.vocab_size);
@@ -361,7 +440,7 @@ TEST_CASE("reshape_and_cache writes each token's K/V at its slot and skips negat
 // 2. paged_attention
 // ===========================================================================
 
-// Proves the paged_attention kernel matches paged_attention_ref on random mixed batches (prefill chunks + decodes, shuffled block tables) for block sizes 1/4/16, GQA 1/2/4/8, head dims 8/48/64 (and 4/128/256), with contexts spanning several tiles and NaN in every unused cache slot.
+// Proves both paged_attention kernels (baseline, then partitioned) match paged_attention_ref on random mixed batches (prefill chunks + decodes, shuffled block tables) for block sizes 1/4/16, GQA 1/2/4/8, head dims 8/48/64 (and 4/128/256: the partitioned kernel's generic instantiation for 4, 48, 256), with contexts spanning several tiles and NaN in every unused cache slot.
 TEST_CASE("paged_attention kernel matches paged_attention_ref") {
     if (no_device()) return;
     // Tolerance. Scores are bit-identical (both sum q.k in order of d and
@@ -417,23 +496,27 @@ TEST_CASE("paged_attention kernel matches paged_attention_ref") {
         std::vector<float> want(p.q.size());
         pkv::paged_attention_ref(want.data(), p.q.data(), p.k_cache.data(), p.v_cache.data(), p.block_tables.data(),
                                  p.token_seq.data(), p.positions.data(), p.num_tokens, p.s);
-        const std::vector<float> got = run_paged_attention_kernel(p);
-        REQUIRE(got.size() == want.size());
-        size_t bad = 0, first_bad = 0, nonfinite = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-            if (!std::isfinite(got[i])) ++nonfinite;
-            const float err = std::fabs(got[i] - want[i]);
-            if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
-                if (bad++ == 0) first_bad = i;
+        // The baseline first: tools/tsan_demo.sh runs this test to find its barrier.
+        for (const pkv::AttentionKernel kernel : kBothKernels) {
+            INFO("kernel " << pkv::to_string(kernel));
+            const std::vector<float> got = run_paged_attention_kernel(p, kernel);
+            REQUIRE(got.size() == want.size());
+            size_t bad = 0, first_bad = 0, nonfinite = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                if (!std::isfinite(got[i])) ++nonfinite;
+                const float err = std::fabs(got[i] - want[i]);
+                if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
+                    if (bad++ == 0) first_bad = i;
+                }
+                if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
             }
-            if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
+            INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
+            CHECK(nonfinite == 0);
+            CHECK(bad == 0);
         }
-        INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
-        CHECK(nonfinite == 0);
-        CHECK(bad == 0);
     }
-    MESSAGE(std::string(pkv::kDeviceKind) << " paged_attention vs reference: largest abs difference " << worst_abs << " over "
-                             << cases.size() << " cases");
+    MESSAGE(std::string(pkv::kDeviceKind) << " paged_attention (both kernels) vs reference: largest abs difference " << worst_abs
+                                          << " over " << cases.size() << " cases");
 }
 
 // Proves paged_attention refuses shapes it cannot run (head_dim not a multiple of 4 or above 256, G * head_dim > 2048, n_heads not a multiple of n_kv_heads) with std::invalid_argument before launching anything.
@@ -449,11 +532,224 @@ TEST_CASE("paged_attention rejects unsupported shapes") {
         {16, 2, 260, 4, 1},   // both
         {6, 4, 8, 4, 1},      // n_heads not a multiple of n_kv_heads
     };
-    for (const pkv::AttentionShape& s : bad_shapes) {
-        INFO("n_heads " << s.n_heads << ", n_kv_heads " << s.n_kv_heads << ", head_dim " << s.head_dim);
-        CHECK_THROWS_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, s),
-                        std::invalid_argument);
+    for (const pkv::AttentionKernel kernel : kBothKernels)
+        for (const pkv::AttentionShape& s : bad_shapes) {
+            INFO(pkv::to_string(kernel) << ": n_heads " << s.n_heads << ", n_kv_heads " << s.n_kv_heads << ", head_dim " << s.head_dim);
+            CHECK_THROWS_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, s, kernel),
+                            std::invalid_argument);
+        }
+    // More query heads per kv head than a block has threads (G * head_dim =
+    // 1032 is fine, so this is the G check alone), and a table too wide for
+    // the partitioned grid; each message says what was wrong.
+    for (const pkv::AttentionKernel kernel : kBothKernels)
+        CHECK_THROWS_WITH_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                                  pkv::AttentionShape{129, 1, 8, 4, 1}, kernel),
+                             doctest::Contains("at most 128"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                              pkv::AttentionShape{2, 1, 8, 512, 65536}),
+                         doctest::Contains("65535 partitions"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
+                                              pkv::AttentionShape{2, 1, 6, 4, 1}),
+                         doctest::Contains("head_dim 6"), std::invalid_argument);
+    CHECK(std::string(pkv::to_string(pkv::AttentionKernel::kBaseline)) == "baseline");
+    CHECK(std::string(pkv::to_string(pkv::AttentionKernel::kPartitioned)) == "partitioned");
+}
+
+// Proves the partitioned kernel matches paged_attention_ref over f32, f16 and int8 caches, GQA groups 1/2/4/8/16 (16: two passes over the heads), head dims 8/16/32/64/128, block sizes 1/4/16, for contexts of 1, 511, 512, 513 and (head_dim <= 32) 2000 keys -- one partition, exactly one, one key into a second, four ragged -- and a prefill chunk straddling the partition boundary, with NaN in every unused slot.
+TEST_CASE("partitioned paged_attention matches paged_attention_ref across partitions and dtypes") {
+    if (no_device()) return;
+    // The same tolerance as the test above, for the same reasons; the
+    // reference reads the dequantized values the kernel reads, so the cache's
+    // dtype changes the numbers, not the agreement.
+    const float kAbsTol = 1e-5f, kRelTol = 1e-4f;
+    REQUIRE(pkv::kPartitionKeys == 512);  // the contexts below are chosen around it
+    struct Case {
+        int group, head_dim, block_size;
+        pkv::KVDtype dtype;
+    };
+    const Case cases[] = {
+        {1, 128, 16, pkv::KVDtype::kF32}, {2, 64, 4, pkv::KVDtype::kF16},  {4, 16, 16, pkv::KVDtype::kInt8},
+        {8, 8, 1, pkv::KVDtype::kF32},    {2, 32, 16, pkv::KVDtype::kInt8}, {16, 8, 4, pkv::KVDtype::kF16},
+    };
+    // Decodes at contexts 1, 511, 512 and a 3-token chunk at positions
+    // 510..512 (contexts 511, 512, 513); a decode at 2000 (four partitions,
+    // the last ragged) where the head_dim is small: emulated, a key costs
+    // log2(head_dim / 4) meetings of a warp, and head_dim 64 and 128 have
+    // the most.
+    Rng rng(4242);
+    float worst_abs = 0.0f;
+    for (const Case& cs : cases) {
+        INFO("group " << cs.group << ", head_dim " << cs.head_dim << ", block_size " << cs.block_size << ", dtype "
+                      << pkv::to_string(cs.dtype));
+        std::vector<SeqSpec> seqs = {{1, 1}, {511, 1}, {512, 1}, {513, 3}};
+        if (cs.head_dim <= 32) seqs.push_back({2000, 1});
+        const AttnProblem p = make_attention_problem(rng, cs.block_size, 1, cs.group, cs.head_dim, seqs, 0.05f);
+        TypedCaches c = typed_caches(p, cs.dtype);
+        std::vector<float> want(p.q.size());
+        pkv::paged_attention_ref(want.data(), p.q.data(), c.k_view(), c.v_view(), p.block_tables.data(), p.token_seq.data(),
+                                 p.positions.data(), p.num_tokens, p.s);
+        const std::vector<float> got = run_paged_attention_typed(p, c, pkv::AttentionKernel::kPartitioned, p.token_seq,
+                                                                 p.positions, p.block_tables, p.s.max_blocks_per_seq, p.q);
+        REQUIRE(got.size() == want.size());
+        size_t bad = 0, first_bad = 0, nonfinite = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            if (!std::isfinite(got[i])) ++nonfinite;
+            const float err = std::fabs(got[i] - want[i]);
+            if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
+                if (bad++ == 0) first_bad = i;
+            }
+            if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
+        }
+        INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
+        CHECK(nonfinite == 0);
+        CHECK(bad == 0);
     }
+    MESSAGE(std::string(pkv::kDeviceKind) << " partitioned paged_attention vs reference, 1..2000 keys: largest abs difference "
+                                          << worst_abs);
+}
+
+// Proves a token's partitioned attention output is bit-identical whether it is computed alone, inside a batch of other tokens (decodes and a prefill chunk, other contexts, another order), or with a wider block table (more partition blocks launched), for contexts of 1 partition, exactly 2, and ragged 3 and 4.
+TEST_CASE("partitioned paged_attention is batch-invariant bit for bit") {
+    if (no_device()) return;
+    Rng rng(777);
+    // Contexts: 1, 300 (one partition), 1024 (exactly two), 1100 and 1537
+    // (ragged), and a chunk of 3 queries at positions 697..699.
+    const std::vector<SeqSpec> seqs = {{1, 1}, {300, 1}, {1024, 1}, {1100, 1}, {1537, 1}, {700, 3}};
+    const AttnProblem p = make_attention_problem(rng, 16, 2, 2, 16, seqs, 0.05f);
+    TypedCaches c = typed_caches(p, pkv::KVDtype::kF32);
+    const auto K = pkv::AttentionKernel::kPartitioned;
+    const size_t per_tok = (size_t)p.s.n_heads * p.s.head_dim;
+    const std::vector<float> batch =
+        run_paged_attention_typed(p, c, K, p.token_seq, p.positions, p.block_tables, p.s.max_blocks_per_seq, p.q);
+    // The same batch with every table row 40 blocks wider (-1 padded): more
+    // partitions are launched, and the extra ones must change nothing.
+    const int wide = p.s.max_blocks_per_seq + 40;
+    std::vector<int32_t> wide_tables(seqs.size() * (size_t)wide, -1);
+    for (size_t si = 0; si < seqs.size(); ++si)
+        std::copy_n(&p.block_tables[si * p.s.max_blocks_per_seq], p.s.max_blocks_per_seq, &wide_tables[si * wide]);
+    const std::vector<float> batch_wide = run_paged_attention_typed(p, c, K, p.token_seq, p.positions, wide_tables, wide, p.q);
+    CHECK(first_bit_diff(batch, batch_wide) == -1);
+    int compared = 0;
+    for (int t = 0; t < p.num_tokens; ++t) {
+        INFO("token " << t << " at position " << p.positions[(size_t)t]);
+        const std::vector<float> q1(p.q.begin() + (std::ptrdiff_t)(t * per_tok), p.q.begin() + (std::ptrdiff_t)((t + 1) * per_tok));
+        const std::vector<float> alone = run_paged_attention_typed(p, c, K, {p.token_seq[(size_t)t]}, {p.positions[(size_t)t]},
+                                                                   p.block_tables, p.s.max_blocks_per_seq, q1);
+        const std::vector<float> in_batch(batch.begin() + (std::ptrdiff_t)(t * per_tok), batch.begin() + (std::ptrdiff_t)((t + 1) * per_tok));
+        CHECK(first_bit_diff(alone, in_batch) == -1);
+        ++compared;
+    }
+    CHECK(compared == 8);
+    // The rows are real: different tokens give different outputs.
+    CHECK(first_bit_diff(std::vector<float>(batch.begin(), batch.begin() + (std::ptrdiff_t)per_tok),
+                         std::vector<float>(batch.begin() + (std::ptrdiff_t)per_tok, batch.begin() + (std::ptrdiff_t)(2 * per_tok))) != -1);
+}
+
+// ===========================================================================
+// 2b. The shim: warp shuffles and launch limits
+// ===========================================================================
+
+// Every lane of the block runs every shuffle: xor partners for each lane mask,
+// the same inside segments of 8 lanes (a later segment gives a lane its own
+// value back), and a butterfly sum of floats whose bits every lane must share.
+template <class = void>
+PKV_KERNEL void shuffle_test_kernel(int* xor_out,    // [5, nthreads]   lane masks 1, 2, 4, 8, 16
+                                    int* seg_out,    // [2, nthreads]   width 8, lane masks 8 and 2
+                                    float* sum_out) {  // [nthreads]      butterfly sum over the warp
+    using namespace pkv;
+    const int tid = (int)(threadIdx.x + threadIdx.y * blockDim.x), n = (int)(blockDim.x * blockDim.y);
+    for (int k = 0; k < 5; ++k) xor_out[k * n + tid] = shfl_xor(tid * 10, 1 << k);
+    seg_out[tid] = shfl_xor(tid * 10, 8, 8);
+    seg_out[n + tid] = shfl_xor(tid * 10, 2, 8);
+    // Values whose sum depends on the order of addition.
+    float v = 1.0f / (float)(tid + 3) + (tid % 7 == 0 ? 1e4f : 0.0f);
+    for (int mask = 16; mask >= 1; mask >>= 1) v += shfl_xor(v, mask);
+    sum_out[tid] = v;
+}
+
+// Proves shfl_xor gives each lane its xor partner's value for every lane mask (and its own value when the partner lies in a later segment of `width` lanes), separately per warp of a 2-D block, and that a butterfly sum leaves bit-identical totals in all 32 lanes, as CUDA's __shfl_xor_sync does.
+TEST_CASE("shfl_xor exchanges values as __shfl_xor_sync does") {
+    if (no_device()) return;
+    const int bx = 32, by = 3, n = bx * by;  // three warps, in a 2-D block: lanes follow the linear thread index
+    pkv::DeviceBuffer<int> dx(5 * (size_t)n), ds(2 * (size_t)n);
+    pkv::DeviceBuffer<float> dsum((size_t)n);
+    pkv::launch(shuffle_test_kernel<>, Dim3(1), Dim3(bx, by), 0, dx.data(), ds.data(), dsum.data());
+    const std::vector<int> x = to_host(dx, 5 * (size_t)n), sg = to_host(ds, 2 * (size_t)n);
+    const std::vector<float> sum = to_host(dsum, (size_t)n);
+    int wrong = 0;
+    for (int tid = 0; tid < n; ++tid) {
+        for (int k = 0; k < 5; ++k) wrong += x[(size_t)(k * n + tid)] != (tid ^ (1 << k)) * 10;
+        const int lane = tid % 32;
+        // width 8, mask 8: segments 0, 2 reach into 1, 3 (later: own value); 1, 3 into 0, 2 (earlier: allowed).
+        const int want8 = (lane / 8) % 2 == 0 ? tid * 10 : (tid ^ 8) * 10;
+        wrong += sg[(size_t)tid] != want8;
+        wrong += sg[(size_t)(n + tid)] != (tid ^ 2) * 10;  // inside the segment
+        wrong += first_bit_diff(std::vector<float>{sum[(size_t)tid]}, std::vector<float>{sum[(size_t)(tid / 32 * 32)]}) != -1;
+    }
+    CHECK(wrong == 0);
+    // The warps summed separately: warp 0's total is not warp 1's.
+    CHECK(sum[0] != sum[32]);
+}
+
+template <int Tag>
+PKV_KERNEL void touch_shared_kernel(int* out, int bytes) {  // every thread writes and reads back its share of shared memory
+    unsigned char* sm = pkv::shared_memory<unsigned char>();
+    using namespace pkv;
+    const int tid = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+    const int n = (int)(blockDim.x * blockDim.y * blockDim.z);
+    for (int i = tid; i < bytes; i += n) sm[i] = (unsigned char)(i * 7);
+    pkv::syncthreads();
+    int bad = 0;
+    for (int i = tid; i < bytes; i += n) bad += sm[(i + 1) % bytes] != (unsigned char)(((i + 1) % bytes) * 7);
+    if (bad) out[0] = 1;
+}
+
+// Proves launch() refuses, in both worlds and before running anything, what a GPU would refuse -- more than 1024 threads per block, block x or y above 1024 or z above 64, an empty block, grid x at 2^31 or y/z above 65535, and dynamic shared memory above 48 KiB without an opt-in -- naming the limit; that the limits themselves launch; and that set_max_dynamic_shared_memory lets exactly the kernel that opted in use more, up to the device's ceiling.
+TEST_CASE("launch enforces CUDA's launch limits in both worlds") {
+    using pkv::launch;
+    auto k0 = touch_shared_kernel<0>;
+    int* none = nullptr;
+    struct Bad {
+        Dim3 grid, block;
+        size_t shared;
+        const char* says;
+    };
+    const Bad bad[] = {
+        {Dim3(1), Dim3(1025), 0, "at most 1024"},          // too many threads
+        {Dim3(1), Dim3(1024, 2), 0, "1..1024 threads"},    // 2048 threads
+        {Dim3(1), Dim3(1, 1025), 0, "y at most 1024"},     // y too large (and too many)
+        {Dim3(1), Dim3(1, 1, 65), 0, "z at most 64"},      // z too large
+        {Dim3(1), Dim3(0), 0, "1..1024 threads"},          // no thread at all
+        {Dim3(2147483648u), Dim3(32), 0, "2^31 - 1"},      // grid x
+        {Dim3(1, 65536), Dim3(32), 0, "65535"},            // grid y
+        {Dim3(1, 1, 65536), Dim3(32), 0, "65535"},         // grid z
+        {Dim3(1), Dim3(32), 48 * 1024 + 1, "opt-in"},      // shared memory
+    };
+    for (const Bad& b : bad) {
+        INFO("grid (" << b.grid.x << ", " << b.grid.y << ", " << b.grid.z << "), block (" << b.block.x << ", " << b.block.y << ", "
+                      << b.block.z << "), shared " << b.shared);
+        CHECK_THROWS_WITH_AS(launch(k0, b.grid, b.block, b.shared, none, 0), doctest::Contains(b.says), std::invalid_argument);
+    }
+    if (no_device()) return;
+    pkv::DeviceBuffer<int> flag(1);
+    const int zero = 0;
+    flag.upload(&zero, 1);
+    // At the limits: 48 KiB exactly, z = 64, grid y = 65535 (blocks of one thread, nothing to do).
+    launch(k0, Dim3(1), Dim3(128), 48 * 1024, flag.data(), 48 * 1024);
+    launch(k0, Dim3(1), Dim3(1, 1, 64), 64, flag.data(), 64);
+    launch(k0, Dim3(1, 65535), Dim3(1), 0, flag.data(), 0);
+    // An opt-in lets this kernel (and only it) take 64 KiB; more than any
+    // device's ceiling is refused at the opt-in.
+    auto k1 = touch_shared_kernel<1>;
+    CHECK_THROWS_AS(pkv::set_max_dynamic_shared_memory(k1, 1 << 20), std::invalid_argument);
+    pkv::set_max_dynamic_shared_memory(k1, 64 * 1024);
+    CHECK(pkv::max_dynamic_shared_bytes(reinterpret_cast<const void*>(k1)) == 64 * 1024);
+    launch(k1, Dim3(2), Dim3(128), 64 * 1024, flag.data(), 64 * 1024);
+    CHECK_THROWS_AS(launch(k1, Dim3(1), Dim3(128), 64 * 1024 + 1, flag.data(), 0), std::invalid_argument);
+    CHECK_THROWS_AS(launch(k0, Dim3(1), Dim3(128), 64 * 1024, flag.data(), 0), std::invalid_argument);
+    int got = -1;
+    flag.download(&got, 1);
+    CHECK(got == 0);  // every launch that ran read back what it wrote
 }
 
 #ifndef __CUDACC__
@@ -482,6 +778,21 @@ TEST_CASE("a kernel thread that throws: the launch rethrows it on the host") {
     std::fill(out.begin(), out.end(), 0);
     pkv::launch(throwing_kernel, pkv::dim3(2), pkv::dim3(32), 64, out.data(), -1);  // nobody throws
     CHECK(std::count(out.begin(), out.end(), 1) == 32);
+}
+
+// Proves the emulated shfl_xor refuses a block whose last warp is partial
+// (CUDA's full mask would name lanes that do not exist) with a message, and
+// that a launch of whole warps afterwards shuffles normally.
+TEST_CASE("emulated shfl_xor needs whole warps") {
+    const int n = 48;
+    std::vector<int> x(5 * n), sg(2 * n);
+    std::vector<float> sum(n);
+    CHECK_THROWS_WITH_AS(pkv::launch(shuffle_test_kernel<>, pkv::dim3(1), pkv::dim3(n), 0, x.data(), sg.data(), sum.data()),
+                         doctest::Contains("multiple of 32"), std::logic_error);
+    std::vector<int> x2(5 * 32), sg2(2 * 32);
+    std::vector<float> sum2(32);
+    pkv::launch(shuffle_test_kernel<>, pkv::dim3(1), pkv::dim3(32), 0, x2.data(), sg2.data(), sum2.data());
+    CHECK(x2[0] == 10);  // lane 0's partner under mask 1 is lane 1
 }
 #endif
 
@@ -723,11 +1034,14 @@ TEST_CASE("argmax_rows matches argmax, ties and -inf included") {
 // twice this apart (a closer pair may legitimately swap).
 constexpr double kLogitTol = 2e-5;
 
-// Proves the kernel runner (emulated or CUDA) reproduces CpuRunner's logits within kLogitTol and its greedy tokens on the built-in model, over a mixed batch (prefills + decodes of 3 sequences, scattered tables), and forward_argmax == argmax(forward).
+// Proves the kernel runner (emulated or CUDA, with either attention kernel) reproduces CpuRunner's logits within kLogitTol and its greedy tokens on the built-in model, over a mixed batch (prefills + decodes of 3 sequences, scattered tables), and forward_argmax == argmax(forward).
 TEST_CASE("kernel runner matches CpuRunner on the built-in model") {
     if (no_device()) return;
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
-    compare_cpu_and_kernel_runners(mt.model, 16, 8, 101, kLogitTol, false);
+    for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
+        INFO("attention kernel " << pkv::to_string(a));
+        compare_cpu_and_kernel_runners(mt.model, 16, 8, 101, kLogitTol, false, a);
+    }
 }
 
 // Proves the same (logits within kLogitTol, greedy tokens, forward_argmax after prefills and decodes) on a small random model: head_dim 8, GQA 3, hidden 100, vocab 300, block size 4.
@@ -735,7 +1049,10 @@ TEST_CASE("kernel runner matches CpuRunner on a small random model") {
     if (no_device()) return;
     const pkv::Model m = small_random_model(77);
     REQUIRE(m.cfg.head_dim() == 8);
-    compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true);
+    for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
+        INFO("attention kernel " << pkv::to_string(a));
+        compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true, a);
+    }
 }
 
 // Proves make_model_runner gives a CpuRunner for cpu and a GpuRunner for this build's kernel kind, refuses the other kernel kind with a message naming the right build, and the kernel path refuses head_dim not a multiple of 4.

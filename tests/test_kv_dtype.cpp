@@ -164,8 +164,9 @@ TEST_CASE("int8 store keeps each element within half a quantization step") {
 }
 
 // Attention over f16/int8 is attention over the dequantized numbers, bit for
-// bit (the reference reads through kv_load); the emulated or GPU kernel reads
-// each dtype to the same tolerance as f32 (online vs two-pass softmax order).
+// bit (the reference reads through kv_load); both emulated or GPU kernels
+// (baseline and partitioned) read each dtype to the same tolerance as f32
+// (online vs two-pass softmax order).
 TEST_CASE("attention over each dtype equals attention over its dequantized values") {
     std::mt19937 rng(9);
     for (KVDtype dt : {KVDtype::kF32, KVDtype::kF16, KVDtype::kInt8}) {
@@ -202,10 +203,15 @@ TEST_CASE("attention over each dtype equals attention over its dequantized value
         dt_tab.upload(tables);
         dseq.upload(seq);
         dpos.upload(pos);
-        paged_attention(dout.data(), dq.data(), kview, vview, dt_tab.data(), dseq.data(), dpos.data(), T, s);
-        std::vector<float> out_k(q.size());
-        dout.download(out_k.data(), out_k.size());
-        for (size_t i = 0; i < out_k.size(); ++i) CHECK(out_k[i] == doctest::Approx(out_f[i]).epsilon(1e-4).scale(1.0));
+        for (AttentionKernel kernel : {AttentionKernel::kBaseline, AttentionKernel::kPartitioned}) {
+            CAPTURE(to_string(kernel));
+            paged_attention(dout.data(), dq.data(), kview, vview, dt_tab.data(), dseq.data(), dpos.data(), T, s, kernel);
+            std::vector<float> out_k(q.size());
+            dout.download(out_k.data(), out_k.size());
+            size_t bad = 0;
+            for (size_t i = 0; i < out_k.size(); ++i) bad += !(out_k[i] == doctest::Approx(out_f[i]).epsilon(1e-4).scale(1.0));
+            CHECK(bad == 0);
+        }
     }
 }
 

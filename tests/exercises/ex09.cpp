@@ -83,7 +83,8 @@ std::vector<float> run_kernel(const Problem& p, const KVView& k_cache, const KVV
     auto dseq = to_device(p.token_seq);
     auto dpos = to_device(p.positions);
     DeviceBuffer<float> dout(n);
-    paged_attention(dout.data(), dq.data(), k_cache, v_cache, dtables.data(), dseq.data(), dpos.data(), p.num_tokens(), p.s);
+    paged_attention(dout.data(), dq.data(), k_cache, v_cache, dtables.data(), dseq.data(), dpos.data(), p.num_tokens(), p.s,
+                    AttentionKernel::kBaseline);
     std::vector<float> out(n);
     dout.download(out.data(), n);
     return out;

@@ -120,12 +120,13 @@ check-headers:
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
 # so a missing __syncthreads() is a data race TSan reports. Only the kernel
-# suite is built (tests/main.cpp + tests/test_kernels.cpp): it is all TSan runs.
+# suite is built (tests/main.cpp + tests/test_kernels.cpp + tests/test_gpu_gemm.cpp,
+# both TEST_SUITE("kernels")): it is all TSan runs.
 tsan:
 	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/kernel_tests
 	./build/tsan/kernel_tests -ts=kernels
 
-$(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o
+$(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o $(BUILD)/obj/tests/test_gpu_gemm.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 # The listings of TUTORIAL.md and README.md, re-run (tools/check_docs.cpp).
@@ -148,23 +149,33 @@ kit-selftest: $(BUILD)/kit | check-doctest
 
 # ---- nvcc --------------------------------------------------------------------
 # --fmad=false: no fused multiply-add, so the GPU sums round like the CPU ones.
-NVCC      ?= nvcc
-CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-ffp-contract=off,-fopenmp -I. \
-             $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
-CUDA_TEST_OBJS := $(patsubst tests/%.cpp,build/cuda/obj/tests/%.o,$(TEST_SRCS))
+# CUDA_BUILD: the output folder (a second nvcc build beside build/cuda:
+# `make CUDA_BUILD=build/mine-cuda cuda`; the bad-input tests treat a folder
+# named "cuda" as a CUDA build). NVCC_WERROR: warnings are errors here, as in
+# the CPU build; tests/gpu_check.sh empties it, because a warning from another
+# host compiler on a GPU box must not cost the one run we get there.
+NVCC        ?= nvcc
+CUDA_BUILD  ?= build/cuda
+NVCC_WERROR ?= -Xcompiler -Werror
+CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS   ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-ffp-contract=off,-fopenmp $(NVCC_WERROR) -I. \
+               $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
+CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(TEST_SRCS))
 
-cuda: $(addprefix build/cuda/,$(EXAMPLES)) build/cuda/tests
+.PHONY: cuda-examples
+cuda: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES)) $(CUDA_BUILD)/tests
+# Only the programs, no doctest needed (gpu_check.sh, where doctest is absent).
+cuda-examples: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES))
 
-build/cuda/%: examples/%.cpp $(HEADERS)
+$(CUDA_BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
 
-build/cuda/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
+$(CUDA_BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu -c $< -o $@
 
-build/cuda/tests: $(CUDA_TEST_OBJS)
+$(CUDA_BUILD)/tests: $(CUDA_TEST_OBJS)
 	$(NVCC) $(CUDA_ARCH) $^ -o $@ -lgomp
 
 clean:

@@ -44,8 +44,9 @@ inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device
 }
 // The same, with its KV cache allocated for `geo`, for tests that drive a
 // runner directly.
-inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0) {
-    auto r = pkv::make_model_runner(device, m);
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0,
+                                                pkv::AttentionKernel attention = pkv::AttentionKernel::kPartitioned) {
+    auto r = pkv::make_model_runner(device, m, {}, attention);
     r->init_kv_cache(geo, swap_blocks);
     return r;
 }

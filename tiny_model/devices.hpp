@@ -43,7 +43,10 @@ struct SimOptions {
 // One wrong choice is refused with the command that would work, because a
 // student who types --device cuda into the CPU build deserves to learn which
 // build to make rather than read a CUDA error code.
-inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const SimOptions& sim = {}) {
+// `attention` matters only to the kernel path (emulated, cuda): which
+// attention kernel GpuRunner launches (paged_kv.cuh has two).
+inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, const SimOptions& sim = {},
+                                                      AttentionKernel attention = AttentionKernel::kPartitioned) {
     if (device == Device::kCpu) return std::make_unique<CpuRunner>(m);
     if (device == Device::kSim) {
         // Four bytes per weight and per KV element: this model's own f32
@@ -61,7 +64,7 @@ inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model
                                         : "--device emulated needs the CPU build (`make`); this `make cuda` binary runs kernels on the GPU");
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("--device cuda: no usable GPU here (CUDA says: " + why + ")");
-    return std::make_unique<GpuRunner>(m);
+    return std::make_unique<GpuRunner>(m, attention);
 }
 
 }  // namespace pkv

@@ -440,6 +440,27 @@ TEST_CASE("reshape_and_cache writes each token's K/V at its slot and skips negat
 // 2. paged_attention
 // ===========================================================================
 
+// Outputs of a kernel against the reference: how many are outside
+// abs_tol + rel_tol * |reference| (written !(err <= tol), so a NaN or an inf
+// counts as outside), the first of them, how many are not finite; worst_abs
+// keeps the largest finite difference seen, across calls.
+namespace {
+struct Mismatches {
+    size_t bad = 0, first_bad = 0, nonfinite = 0;
+};
+Mismatches compare_outputs(const std::vector<float>& got, const std::vector<float>& want, float abs_tol, float rel_tol,
+                           float& worst_abs) {
+    Mismatches m;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) ++m.nonfinite;
+        const float err = std::fabs(got[i] - want[i]);
+        if (!(err <= abs_tol + rel_tol * std::fabs(want[i])) && m.bad++ == 0) m.first_bad = i;
+        if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
+    }
+    return m;
+}
+}  // namespace
+
 // Proves both paged_attention kernels (baseline, then partitioned) match paged_attention_ref on random mixed batches (prefill chunks + decodes, shuffled block tables) for block sizes 1/4/16, GQA 1/2/4/8, head dims 8/48/64 (and 4/128/256: the partitioned kernel's generic instantiation for 4, 48, 256), with contexts spanning several tiles and NaN in every unused cache slot.
 TEST_CASE("paged_attention kernel matches paged_attention_ref") {
     if (no_device()) return;
@@ -501,18 +522,10 @@ TEST_CASE("paged_attention kernel matches paged_attention_ref") {
             INFO("kernel " << pkv::to_string(kernel));
             const std::vector<float> got = run_paged_attention_kernel(p, kernel);
             REQUIRE(got.size() == want.size());
-            size_t bad = 0, first_bad = 0, nonfinite = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-                if (!std::isfinite(got[i])) ++nonfinite;
-                const float err = std::fabs(got[i] - want[i]);
-                if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
-                    if (bad++ == 0) first_bad = i;
-                }
-                if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
-            }
-            INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
-            CHECK(nonfinite == 0);
-            CHECK(bad == 0);
+            const Mismatches m = compare_outputs(got, want, kAbsTol, kRelTol, worst_abs);
+            INFO("first bad element " << m.first_bad << ": kernel " << got[m.first_bad] << ", reference " << want[m.first_bad]);
+            CHECK(m.nonfinite == 0);
+            CHECK(m.bad == 0);
         }
     }
     MESSAGE(std::string(pkv::kDeviceKind) << " paged_attention (both kernels) vs reference: largest abs difference " << worst_abs
@@ -591,18 +604,10 @@ TEST_CASE("partitioned paged_attention matches paged_attention_ref across partit
         const std::vector<float> got = run_paged_attention_typed(p, c, pkv::AttentionKernel::kPartitioned, p.token_seq,
                                                                  p.positions, p.block_tables, p.s.max_blocks_per_seq, p.q);
         REQUIRE(got.size() == want.size());
-        size_t bad = 0, first_bad = 0, nonfinite = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-            if (!std::isfinite(got[i])) ++nonfinite;
-            const float err = std::fabs(got[i] - want[i]);
-            if (!(err <= kAbsTol + kRelTol * std::fabs(want[i]))) {
-                if (bad++ == 0) first_bad = i;
-            }
-            if (std::isfinite(err)) worst_abs = std::max(worst_abs, err);
-        }
-        INFO("first bad element " << first_bad << ": kernel " << got[first_bad] << ", reference " << want[first_bad]);
-        CHECK(nonfinite == 0);
-        CHECK(bad == 0);
+        const Mismatches m = compare_outputs(got, want, kAbsTol, kRelTol, worst_abs);
+        INFO("first bad element " << m.first_bad << ": kernel " << got[m.first_bad] << ", reference " << want[m.first_bad]);
+        CHECK(m.nonfinite == 0);
+        CHECK(m.bad == 0);
     }
     MESSAGE(std::string(pkv::kDeviceKind) << " partitioned paged_attention vs reference, 1..2000 keys: largest abs difference "
                                           << worst_abs);

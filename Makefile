@@ -119,14 +119,16 @@ check-headers:
 	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
-# so a missing __syncthreads() is a data race TSan reports. Only the kernel
-# suite is built (tests/main.cpp + tests/test_kernels.cpp + tests/test_gpu_gemm.cpp,
-# both TEST_SUITE("kernels")): it is all TSan runs.
+# so a missing __syncthreads() is a data race TSan reports. Only the suites
+# that launch kernels are built and run: kernels (tests/test_kernels.cpp,
+# tests/test_gpu_gemm.cpp), kv_dtype and swap (the kernel path over f16/int8
+# caches and through swap).
 tsan:
 	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/kernel_tests
-	./build/tsan/kernel_tests -ts=kernels
+	./build/tsan/kernel_tests -ts=kernels,kv_dtype,swap
 
-$(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o $(BUILD)/obj/tests/test_gpu_gemm.o
+$(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o $(BUILD)/obj/tests/test_gpu_gemm.o \
+                      $(BUILD)/obj/tests/test_kv_dtype.o $(BUILD)/obj/tests/test_swap.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 # The listings of TUTORIAL.md and README.md, re-run (tools/check_docs.cpp).

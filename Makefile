@@ -15,7 +15,7 @@
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
 #                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
-#   make plots      the charts the TUTORIAL shows, refreshed into docs/plots/
+#   make plots      the charts the TUTORIAL shows, refreshed into lab/plots/
 #   make check-docs every command listing in TUTORIAL.md and README.md re-run and compared
 #                   with what is printed there (numbers marked ~ are timing and may differ)
 #   make docs       re-run those listings and rewrite their output in place
@@ -44,8 +44,10 @@ SANFLAGS ?=
 CXXFLAGS += $(KIT_CXXFLAGS)
 CXXFLAGS += $(SANFLAGS)
 
-HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp)
-EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
+HEADERS  := $(wildcard *.cuh *.hpp core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh)
+# The programs: examples/ (make run's demo, generate, kv_tour, ...) and lab/
+# (benches, studies, the simulator's own programs). Both build to $(BUILD)/NAME.
+EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst lab/%.cpp,%,$(wildcard lab/*.cpp))
 # tools/: programs that work on the project itself (the docs checker, the
 # course kit), built by the same rule as the examples.
 TOOLS    := $(patsubst tools/%.cpp,%,$(wildcard tools/*.cpp))
@@ -64,6 +66,10 @@ CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $< -o $@
+
+$(BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
@@ -94,7 +100,7 @@ bench: $(BUILD)/bench_cpu
 
 # Every study on both devices: tables on stdout, charts in build/plots/
 # (never over tracked files). `make plots` refreshes the charts the TUTORIAL
-# shows, in docs/plots/, from the simulated H200 + Llama-3-8B runs.
+# shows, in lab/plots/, from the simulated H200 + Llama-3-8B runs.
 STUDY_NAMES := thrash admission victim preemption fixes shedding signals mechanisms kv_dtype
 studies: $(BUILD)/study
 	@mkdir -p build/plots
@@ -105,8 +111,8 @@ study-%: $(BUILD)/study
 	./$(BUILD)/study $* --device cpu --svg build/plots/$*-cpu.svg
 	./$(BUILD)/study $* --device sim --svg build/plots/$*-sim.svg
 plots: $(BUILD)/study
-	@mkdir -p docs/plots
-	./$(BUILD)/study thrash --device sim --svg docs/plots/thrash-sim.svg > /dev/null
+	@mkdir -p lab/plots
+	./$(BUILD)/study thrash --device sim --svg lab/plots/thrash-sim.svg > /dev/null
 
 debug:
 	$(MAKE) BUILD=build/debug OPT="-O0 -g" all
@@ -170,6 +176,10 @@ cuda: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES)) $(CUDA_BUILD)/tests
 cuda-examples: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES))
 
 $(CUDA_BUILD)/%: examples/%.cpp $(HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
+
+$(CUDA_BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
 

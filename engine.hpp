@@ -20,7 +20,7 @@
 //
 // The engine never touches weights or KV memory: a ModelRunner
 // (tiny_model/runner.hpp) owns both, and the caller chooses which one
-// (tiny_model/devices.hpp turns --device into one).
+// (examples/devices.hpp turns --device into one).
 //
 // Sections: 1. time  2. the event stream  3. the engine (config,
 // construction, the door: add_request and abort, step() and its phases).
@@ -36,11 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
-#include "metrics.hpp"
+#include "core/block_pool.hpp"
+#include "core/metrics.hpp"
 #include "paged_kv.cuh"
 #include "scheduler.hpp"
-#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/forward_batch.hpp"
 #include "tiny_model/runner.hpp"
 #include "tiny_model/sampler.hpp"
 

@@ -71,7 +71,7 @@
 #include <utility>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 
 namespace pkv {
 

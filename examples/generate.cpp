@@ -17,9 +17,9 @@
 #include <string>
 
 #include "examples/cli.hpp"
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "paged_kv.cuh"
-#include "tiny_model/devices.hpp"
+#include "examples/devices.hpp"
 #include "tiny_model/sampler.hpp"
 #include "tiny_model/tokenizer.hpp"
 

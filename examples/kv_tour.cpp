@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
 

@@ -33,7 +33,7 @@
 #endif
 
 #include "engine.hpp"
-#include "tiny_model/devices.hpp"
+#include "examples/devices.hpp"
 #include "examples/cli.hpp"
 #include "tiny_model/tokenizer.hpp"
 

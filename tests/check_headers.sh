@@ -11,7 +11,7 @@ set -u
 cxx=${1:-g++}; shift || true
 flags=("$@")
 fail=0
-headers=$(ls *.hpp *.cuh tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp 2>/dev/null)
+headers=$(ls *.hpp *.cuh core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh 2>/dev/null)
 tmp=$(mktemp -d)
 jobs=$(nproc 2>/dev/null || echo 2)
 i=0
@@ -27,7 +27,7 @@ for f in "$tmp"/*.fail; do
     echo "check_headers: $(cat "$f") does not compile on its own:"; head -5 "${f%.fail}.log"; fail=1
 done
 rm -rf "$tmp"
-for h in block_pool.hpp scheduler.hpp; do
+for h in core/block_pool.hpp scheduler.hpp; do
     inc=$(printf '#include "%s"\n' "$h" | "$cxx" -std=c++20 -I. -x c++ -E -H - 2>&1 >/dev/null | grep -E 'cuda_shim\.hpp|/thread$|/barrier$|paged_kv\.cuh' || true)
     if [ -n "$inc" ]; then echo "check_headers: $h pulls in the CUDA shim or its threads:"; echo "$inc"; fail=1; fi
 done

@@ -1,7 +1,7 @@
 // tests/test_cpu_speed.cpp -- the CPU forward's fast paths compute exactly what
 // the plain ones do.
 //
-// forward_cpu.hpp makes matmul fast three ways -- a register-blocked
+// lab/fast_cpu.hpp makes matmul fast three ways -- a register-blocked
 // microkernel, an instruction set chosen at run time (baseline x86-64, AVX2,
 // AVX-512), threads -- and splits attention across threads. None of them may
 // change a bit of a result. Here we prove it:
@@ -14,7 +14,8 @@
 //      paged_attention_ref, for token splits and head splits, in all three KV
 //      cache dtypes (contexts below, at and past the 8-key blocks);
 //   3. a whole model's logits on every instruction set, on one thread and
-//      split among threads;
+//      split among threads, against the plain path (forward_cpu.hpp's loops
+//      and paged_attention_ref, no FastCpuMath);
 //   4. the worker pool runs each chunk once, and an exception thrown in a
 //      chunk reaches the caller.
 //
@@ -33,6 +34,7 @@
 #include <omp.h>
 #endif
 
+#include "lab/fast_cpu.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
@@ -161,7 +163,7 @@ TEST_CASE("matmul is bit-identical to dot() on every instruction set, tile shape
                 INFO("n " << n << ", d " << d << ", T " << T << ", " << std::string(pkv::to_string(level)));
                 SimdScope scope(level);
                 std::vector<float> got((size_t)T * d, kNaN);
-                pkv::matmul(got.data(), x.data(), W.data(), T, n, d);
+                pkv::matmul_fast(got.data(), x.data(), W.data(), T, n, d);
                 CHECK(first_bit_diff(want, got) == -1);
                 // The rows cut into 2, 3 and 4 stretches, as chunks of a parallel job are.
                 for (int parts = 2; parts <= 4; ++parts) {
@@ -181,14 +183,14 @@ TEST_CASE("matmul is bit-identical to dot() on every instruction set, tile shape
     CHECK(naive_differs > 0);
 }
 
-// Proves matmul_parts (several matrices over one input, as Wq/Wk/Wv and W1/W3 are applied) gives each matrix exactly what its own matmul gives.
-TEST_CASE("matmul_parts equals one matmul per part") {
+// Proves matmul_parts_fast (several matrices over one input, as Wq/Wk/Wv and W1/W3 are applied) gives each matrix exactly what its own matmul gives.
+TEST_CASE("matmul_parts_fast equals one matmul per part") {
     Rng rng(13);
     const int T = 11, n = 45;
     const std::vector<float> x = random_floats(rng, (size_t)T * n);
     const std::vector<float> W1 = random_floats(rng, (size_t)21 * n), W2 = random_floats(rng, (size_t)5 * n), W3 = random_floats(rng, (size_t)34 * n);
     std::vector<float> o1((size_t)T * 21, kNaN), o2((size_t)T * 5, kNaN), o3((size_t)T * 34, kNaN);
-    pkv::matmul_parts(x.data(), T, n, {{o1.data(), W1.data(), 21}, {o2.data(), W2.data(), 5}, {o3.data(), W3.data(), 34}});
+    pkv::matmul_parts_fast(x.data(), T, n, {{o1.data(), W1.data(), 21}, {o2.data(), W2.data(), 5}, {o3.data(), W3.data(), 34}});
     CHECK(first_bit_diff(o1, dot_matmul(x, W1, T, n, 21)) == -1);
     CHECK(first_bit_diff(o2, dot_matmul(x, W2, T, n, 5)) == -1);
     CHECK(first_bit_diff(o3, dot_matmul(x, W3, T, n, 34)) == -1);
@@ -224,21 +226,28 @@ TEST_CASE("attention cut into chunks is bit-identical to one call") {
     }
 }
 
-// Proves a small random model (dim 48, GQA 3:1, odd widths) gives bit-identical logits for prefills and decode batches (single-sequence decodes too, whose attention splits by heads) on every instruction set this CPU has, on one thread and split among threads (forced, with at least two threads, whatever the machine).
+// Proves a small random model (dim 48, GQA 3:1, odd widths) gives bit-identical logits for prefills and decode batches (single-sequence decodes too, whose attention splits by heads) on every instruction set this CPU has, on one thread and split among threads (forced, with at least two threads, whatever the machine), and all of them equal the plain path (forward_cpu.hpp without FastCpuMath).
 TEST_CASE("model logits are identical on every instruction set and thread split") {
     const pkv::Config c = small_config(false);
     const pkv::Model m = pkv::make_random_model(c, 31);
     const std::vector<int32_t> tokens = random_tokens(40, c.vocab_size, 32);
     ThreadsScope two(2);
     std::vector<std::vector<float>> runs;
-    for (pkv::CpuSimd level : simd_levels()) {
+    // Run 0: the plain path (no FastCpuMath), what every fast run must equal.
+    std::vector<pkv::CpuSimd> levels = simd_levels();
+    levels.insert(levels.begin(), pkv::CpuSimd::kBaseline);
+    for (size_t li = 0; li < levels.size(); ++li) {
+        const pkv::CpuSimd level = levels[li];
         for (auto force : {pkv::ThreadPolicy::Force::kSerial, pkv::ThreadPolicy::Force::kParallel}) {
+            const bool plain = li == 0;
+            if (plain && force == pkv::ThreadPolicy::Force::kParallel) continue;
             SimdScope scope(level);
             ForceScope forced(force);
             const int bs = 8, blocks = 4 * (int)pkv::blocks_for_tokens(40, bs);
             pkv::KVCache cache({c.n_layers, blocks, bs, c.n_kv_heads, c.head_dim()});
             pkv::BlockPool pool(blocks, bs, false);
-            pkv::CpuForward fwd(m, cache);
+            pkv::FastCpuMath fast;
+            pkv::CpuForward fwd(m, cache, plain ? pkv::plain_cpu_math() : fast);
             std::vector<float> all, logits;
             // Three sequences: a 25-token prefill each, logits for every
             // position; then 5 single-sequence decodes of sequence 0; then 10
@@ -265,12 +274,13 @@ TEST_CASE("model logits are identical on every instruction set and thread split"
                 all.insert(all.end(), logits.begin(), logits.end());
             }
             REQUIRE(all_finite(all));
-            CHECK(fwd.profile.parallel_passes == (force == pkv::ThreadPolicy::Force::kParallel && pkv::ThreadPolicy::max_threads() > 1 ? fwd.profile.passes : 0));
+            if (!plain)
+                CHECK(fast.profile.parallel_passes == (force == pkv::ThreadPolicy::Force::kParallel && pkv::ThreadPolicy::max_threads() > 1 ? fast.profile.passes : 0));
             runs.push_back(all);
         }
     }
     for (size_t i = 1; i < runs.size(); ++i) {
-        INFO("run " << i << " (instruction set " << i / 2 << ", " << (i % 2 ? "threads" : "one thread") << ") against baseline on one thread");
+        INFO("run " << i << " (instruction set " << (i + 1) / 2 - 1 << ", " << (i % 2 ? "one thread" : "threads") << ") against the plain path");
         CHECK(first_bit_diff(runs[0], runs[i]) == -1);
     }
 }

@@ -1,13 +1,13 @@
-// tests/test_gpu_gemm.cpp -- the tiled GEMM (forward_gpu.cuh's gemm_kernel)
+// tests/test_gpu_gemm.cpp -- the tiled GEMM (lab/gemm_tiled.cuh's gemm_kernel)
 // against the CPU's matmul(), bit for bit.
 //
 // The GEMM promises more than "close": every output is summed in exactly
 // dot()'s order, so it must equal matmul() in every bit, for every T, n and d,
-// whichever launch shape gemm() picked and whichever block computed it. These
+// whichever launch shape gemm_tiled() picked and whichever block computed it. These
 // tests hold it to that:
 //
 //   1. tree_sum(), the split of combine8() between a row's threads;
-//   2. gemm() against matmul() over a grid of shapes (T, n, d), chosen to hit
+//   2. gemm_tiled() against matmul() over a grid of shapes (T, n, d), chosen to hit
 //      every edge: n % 8 != 0 (dot()'s tail), n % 4 != 0 (rows that are not
 //      16-byte aligned: the scalar-load path), n < one tile and n > many,
 //      d not a multiple of any block's rows, T not a multiple of any block's
@@ -33,8 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda_shim.hpp"
+#include "core/cuda_shim.hpp"
 #include "tiny_model/forward_cpu.hpp"
+#include "lab/gemm_tiled.cuh"
 #include "tiny_model/forward_gpu.cuh"
 
 #include "tests/test_util.hpp"
@@ -80,7 +81,7 @@ std::vector<float> cpu_matmul(const std::vector<float>& x, const std::vector<flo
     return out;
 }
 
-// A GEMM entry point: gemm(), one forced row of its launch table, or version 1.
+// A GEMM entry point: gemm_tiled(), one forced row of its launch table, or gemm_simple.
 using GemmFn = void (*)(float*, const float*, const float*, int, int, int);
 
 // Run `fn` on device copies and return out [T, d]. The output buffer starts
@@ -119,10 +120,10 @@ TEST_CASE("gemm: tree_sum is combine8, however the 8 partials are split") {
 }
 
 // ===========================================================================
-// 2. gemm() against matmul(), over a grid of shapes
+// 2. gemm_tiled() against matmul(), over a grid of shapes
 // ===========================================================================
 
-// Proves gemm() equals matmul() bit for bit on shapes (T, n, d) drawn from T in {1,2,3,4,5,7,8,16,33,64}, n in {8,15,16,36,288,768,770}, d in {1,31,288,513} so that every pair of values meets (every T with every n, every T and every n with every d), and that a naive in-order sum differs (the check has teeth).
+// Proves gemm_tiled() equals matmul() bit for bit on shapes (T, n, d) drawn from T in {1,2,3,4,5,7,8,16,33,64}, n in {8,15,16,36,288,768,770}, d in {1,31,288,513} so that every pair of values meets (every T with every n, every T and every n with every d), and that a naive in-order sum differs (the check has teeth).
 TEST_CASE("gemm: bit-identical to matmul over T, n, d") {
     if (no_device()) return;
     const int Ts[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 64};
@@ -151,7 +152,7 @@ TEST_CASE("gemm: bit-identical to matmul over T, n, d") {
         const int T = sh[0], n = sh[1], d = sh[2];  // plain ints: INFO captures them in a lambda, which clang refuses for a structured binding
         INFO("T " << T << ", n " << n << ", d " << d);
         const std::vector<float> want = cpu_matmul(x, W, T, n, d);
-        CHECK(first_bit_diff(run_gemm(pkv::gemm, dx, 0, dW, T, n, d), want) == -1);
+        CHECK(first_bit_diff(run_gemm(pkv::gemm_tiled, dx, 0, dW, T, n, d), want) == -1);
         if (T == 1 && d == 31) {
             for (int o = 0; o < d; ++o) {
                 float s = 0.0f;
@@ -168,7 +169,7 @@ TEST_CASE("gemm: bit-identical to matmul over T, n, d") {
 // 3. Every launch shape, aligned and not; and version 1
 // ===========================================================================
 
-// Proves each row of gemm()'s launch table (forced through gemm_launch, whatever T gemm() would pick it for), and gemm_simple, equal matmul() bit for bit, on T that do and do not fill a block, with x 16-byte aligned (float4 loads) and offset by one float (the scalar fallback).
+// Proves each row of gemm_tiled()'s launch table (forced through gemm_launch, whatever T gemm_tiled() would pick it for), and gemm_simple, equal matmul() bit for bit, on T that do and do not fill a block, with x 16-byte aligned (float4 loads) and offset by one float (the scalar fallback).
 TEST_CASE("gemm: every launch shape and gemm_simple are bit-identical to matmul") {
     if (no_device()) return;
     struct Entry {
@@ -197,7 +198,7 @@ TEST_CASE("gemm: every launch shape and gemm_simple are bit-identical to matmul"
             }
 }
 
-// Proves the emulation holds gemm_kernel to the GPU's alignment rule: told (wrongly) that x is 16-byte aligned, the launch throws instead of quietly computing what a GPU would fault on; gemm() itself, given that pointer, takes the scalar path and gets the bits right. Emulated builds only: on a GPU the misaligned load would fault the whole context.
+// Proves the emulation holds gemm_kernel to the GPU's alignment rule: told (wrongly) that x is 16-byte aligned, the launch throws instead of quietly computing what a GPU would fault on; gemm_tiled() itself, given that pointer, takes the scalar path and gets the bits right. Emulated builds only: on a GPU the misaligned load would fault the whole context.
 #ifndef __CUDACC__
 TEST_CASE("gemm: emulated, a misaligned float4 load throws") {
     Rng rng(3);
@@ -211,7 +212,7 @@ TEST_CASE("gemm: emulated, a misaligned float4 load throws") {
                                 (const float*)(dx.data() + 1), (const float*)dW.data(), T, n, d, true),
                     std::logic_error);
     const std::vector<float> x(xbuf.begin() + 1, xbuf.end());  // [T, n]: what the kernel sees at dx + 1
-    CHECK(first_bit_diff(run_gemm(pkv::gemm, dx, 1, dW, T, n, d), cpu_matmul(x, W, T, n, d)) == -1);
+    CHECK(first_bit_diff(run_gemm(pkv::gemm_tiled, dx, 1, dW, T, n, d), cpu_matmul(x, W, T, n, d)) == -1);
 }
 #endif
 
@@ -219,7 +220,7 @@ TEST_CASE("gemm: emulated, a misaligned float4 load throws") {
 // 4. Batch invariance
 // ===========================================================================
 
-// Proves a token's GEMM outputs are the same bits whatever batch it is in: rows s .. s+T'-1 of a T = 64 gemm() equal a separate gemm() of just those T' rows, for T' in {1,2,3,4,5,7,8,16,33} at several offsets s (so each T' runs with a launch shape of its own, and offsets that break 16-byte alignment take the scalar path).
+// Proves a token's GEMM outputs are the same bits whatever batch it is in: rows s .. s+T'-1 of a T = 64 gemm_tiled() equal a separate gemm_tiled() of just those T' rows, for T' in {1,2,3,4,5,7,8,16,33} at several offsets s (so each T' runs with a launch shape of its own, and offsets that break 16-byte alignment take the scalar path).
 TEST_CASE("gemm: a token's outputs do not depend on the batch it is in") {
     if (no_device()) return;
     Rng rng(5);
@@ -227,12 +228,12 @@ TEST_CASE("gemm: a token's outputs do not depend on the batch it is in") {
         const int d = 40, T = 64;
         const std::vector<float> x = random_floats(rng, (size_t)T * n), W = random_floats(rng, (size_t)d * n);
         const auto dx = to_device(x), dW = to_device(W);
-        const std::vector<float> all = run_gemm(pkv::gemm, dx, 0, dW, T, n, d);  // [64, d]
+        const std::vector<float> all = run_gemm(pkv::gemm_tiled, dx, 0, dW, T, n, d);  // [64, d]
         CHECK(first_bit_diff(all, cpu_matmul(x, W, T, n, d)) == -1);
         for (const int sub : {1, 2, 3, 4, 5, 7, 8, 16, 33})
             for (const int s : {0, 1, T - sub}) {
                 INFO("n " << n << ": rows " << s << " .. " << s + sub - 1 << " alone");
-                const std::vector<float> part = run_gemm(pkv::gemm, dx, (size_t)s * n, dW, sub, n, d);  // [sub, d]
+                const std::vector<float> part = run_gemm(pkv::gemm_tiled, dx, (size_t)s * n, dW, sub, n, d);  // [sub, d]
                 const std::vector<float> same(all.begin() + (long)s * d, all.begin() + (long)(s + sub) * d);
                 CHECK(first_bit_diff(part, same) == -1);
             }

@@ -1,7 +1,7 @@
 // tests/test_gpu_tools.cpp -- the tools that measure the GPU must themselves
 // be right before anyone reads their numbers.
 //
-// examples/bench_attention is what tests/gpu_check.sh runs on a rented GPU for
+// lab/bench_attention is what tests/gpu_check.sh runs on a rented GPU for
 // the bandwidth figures; there is one such run, so a bench that prints PASS
 // over wrong outputs, or exits 0 after a FAIL, would waste it. Here the build
 // of the same folder as this test binary (build/, build/asan/, build/cuda/)

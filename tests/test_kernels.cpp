@@ -37,9 +37,10 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_shim.hpp"
+#include "core/cuda_shim.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
+#include "lab/fast_gpu.cuh"
 #include "tiny_model/forward_gpu.cuh"
 #include "tiny_model/model.hpp"
 #include "tiny_model/sampler.hpp"
@@ -805,7 +806,7 @@ TEST_CASE("emulated shfl_xor needs whole warps") {
 // 3. The GEMM
 // ===========================================================================
 
-// Proves gemm() computes bit for bit what matmul()/dot() do, for token counts 1/3/4/5/9 and widths that are not multiples of 8, 32 or 128 (and that a naive in-order sum would differ, so the check has teeth).
+// Proves gemm_tiled() computes bit for bit what matmul()/dot() do, for token counts 1/3/4/5/9 and widths that are not multiples of 8, 32 or 128 (and that a naive in-order sum would differ, so the check has teeth).
 TEST_CASE("gemm is bit-identical to matmul") {
     if (no_device()) return;
     // {T, n (input width), d (outputs)}. n % 8 != 0 exercises the leftover
@@ -825,7 +826,7 @@ TEST_CASE("gemm is bit-identical to matmul") {
         pkv::matmul(want.data(), x.data(), W.data(), T, n, d);
         auto dx = to_device(x), dW = to_device(W);
         pkv::DeviceBuffer<float> dout((size_t)T * d);
-        pkv::gemm(dout.data(), dx.data(), dW.data(), T, n, d);
+        pkv::gemm_tiled(dout.data(), dx.data(), dW.data(), T, n, d);
         // Exact under emulation (same C++ operations in the same order) and on
         // a GPU built with --fmad=false (IEEE adds and multiplies, no fusing).
         const long diff = first_bit_diff(to_host(dout, want.size()), want);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "lab/fast_gpu.cuh"
 #include "tests/test_util.hpp"
 
 using namespace pkv;

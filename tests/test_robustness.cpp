@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "lab/fast_cpu.hpp"
 #include "tests/test_util.hpp"
 #include "tiny_model/forward_gpu.cuh"
 

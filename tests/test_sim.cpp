@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "cost_model.hpp"
+#include "lab/cost_model.hpp"
 #include "engine.hpp"
-#include "examples/traffic.hpp"
-#include "sim_runner.hpp"
+#include "lab/traffic.hpp"
+#include "lab/sim_runner.hpp"
 #include "tests/test_util.hpp"
 
 using namespace pkv;
@@ -66,7 +66,7 @@ struct Ev {
 };
 
 // How a simulated engine is built and fed (the same recipe as
-// examples/sim_scale.cpp).
+// lab/sim_scale.cpp).
 struct SimSetup {
     std::string gpu = "h200", model = "llama-3-8b";
     int max_num_seqs = 256, max_num_batched_tokens = 8192;

@@ -1,4 +1,4 @@
-// Tests for the study driver (examples/study.cpp, examples/studies.hpp):
+// Tests for the study driver (lab/study.cpp, lab/studies.hpp):
 //   - a verdict is computed from the study's numbers, so changing a preset
 //     that changes the numbers changes the verdict (the flip test);
 //   - every study runs to a verdict on the simulated GPU, and its --json
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/studies.hpp"
+#include "lab/studies.hpp"
 #include "tests/test_util.hpp"
 
 namespace {

@@ -28,9 +28,9 @@
 #include <utility>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "paged_kv.cuh"
-#include "tiny_model/devices.hpp"
+#include "examples/devices.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
 #include "tiny_model/runner.hpp"

@@ -14,9 +14,9 @@
 //   CpuRunner  this file: the CPU forward pass (forward_cpu.hpp), host memory;
 //   GpuRunner  tiny_model/forward_gpu.cuh: the CUDA kernels, on a GPU in a
 //              `make cuda` build and emulated on the CPU otherwise;
-//   SimRunner  sim_runner.hpp: no weights, no logits; a GPU's step time from
+//   SimRunner  lab/sim_runner.hpp: no weights, no logits; a GPU's step time from
 //              a cost model (cost_model.hpp), and tokens from a hash.
-// tiny_model/devices.hpp turns a --device name into one of them.
+// examples/devices.hpp turns a --device name into one of them.
 //
 // A runner's life has vLLM's three steps: build it with the model's weights;
 // the engine sizes the KV cache (from its config and what memory_for_kv_cache()
@@ -50,7 +50,7 @@ namespace pkv {
 
 // Where a model runs. One enum for all runners, so examples and the engine
 // parse a single --device option; which of them a binary can run depends on
-// how it was compiled (see devices.hpp).
+// how it was compiled (see examples/devices.hpp).
 enum class Device { kCpu, kEmulated, kCuda, kSim };
 
 inline const char* to_string(Device d) {
@@ -203,9 +203,13 @@ inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t blo
 // Its "swap" is a memcpy between the cache and a host array: the same
 // bookkeeping as on a GPU, without the PCIe link that makes swapping
 // expensive there.
+// The arithmetic comes from a CpuMath (forward_cpu.hpp section 2): the plain
+// loops when none is given, or a faster one such as lab/fast_cpu.hpp's
+// FastCpuMath, which examples/devices.hpp passes. Same bits either way.
 class CpuRunner : public ModelRunner {
 public:
-    explicit CpuRunner(const Model& m) : model_(m), fwd_(m, cache_) {}
+    explicit CpuRunner(const Model& m, std::unique_ptr<CpuMath> math = nullptr)
+        : model_(m), math_(math ? std::move(math) : std::make_unique<CpuMath>()), fwd_(m, cache_, *math_) {}
     const Config& model_config() const override { return model_.cfg; }
     Device device() const override { return Device::kCpu; }
     void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
@@ -228,6 +232,7 @@ private:
     }
     const Model& model_;
     KVCache cache_;
+    std::unique_ptr<CpuMath> math_;    // declared before fwd_, which refers to it
     CpuForward fwd_;                   // reads and writes cache_
     std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
 };

@@ -70,7 +70,7 @@ sed -n "$((at - 2)),$((at + 2))p" "$root/paged_kv.cuh" | awk -v mid=3 '{ printf 
 # covers every file the kernel tests can include, and the compiler.
 flags=(-O1 -g -fsanitize=thread -std=c++20 -Wall -Wextra -Werror -ffp-contract=off -Wno-unknown-pragmas -I.
        ${DOCTEST_INC:+-I"$DOCTEST_INC"} -isystem "$root/build/deps/include")
-key=$( (cd "$work" && cat ./*.hpp ./*.cuh tiny_model/* tests/*.hpp tests/main.cpp tests/test_kernels.cpp examples/*.hpp; "$CXX" --version; echo "${flags[*]}") | sha256sum | cut -c1-16)
+key=$( (cd "$work" && cat ./*.hpp ./*.cuh core/* tiny_model/* lab/*.hpp lab/*.cuh tests/*.hpp tests/main.cpp tests/test_kernels.cpp examples/*.hpp 2>/dev/null; "$CXX" --version; echo "${flags[*]}") | sha256sum | cut -c1-16)
 cache="$root/build/tsan_demo"
 bin="$cache/$key/kernel_tests"
 say "build the kernel tests in the copy with -fsanitize=thread, run the paged_attention test"

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "paged_kv.cuh"
 #include "scheduler.hpp"
 

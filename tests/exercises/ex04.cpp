@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "tests/exercises/check_util.hpp"
 
 using namespace pkv;

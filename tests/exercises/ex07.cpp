@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "paged_kv.cuh"
 #include "tests/exercises/check_util.hpp"
 

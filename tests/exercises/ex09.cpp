@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
-#include "cuda_shim.hpp"
+#include "core/block_pool.hpp"
+#include "core/cuda_shim.hpp"
 #include "paged_kv.cuh"
 #include "tests/exercises/check_util.hpp"
 
@@ -83,8 +83,7 @@ std::vector<float> run_kernel(const Problem& p, const KVView& k_cache, const KVV
     auto dseq = to_device(p.token_seq);
     auto dpos = to_device(p.positions);
     DeviceBuffer<float> dout(n);
-    paged_attention(dout.data(), dq.data(), k_cache, v_cache, dtables.data(), dseq.data(), dpos.data(), p.num_tokens(), p.s,
-                    AttentionKernel::kBaseline);
+    paged_attention(AttentionArgs{dout.data(), dq.data(), k_cache, v_cache, dtables.data(), dseq.data(), dpos.data(), p.num_tokens(), p.s});
     std::vector<float> out(n);
     dout.download(out.data(), n);
     return out;

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cost_model.hpp"
+#include "lab/cost_model.hpp"
 
 using namespace pkv;
 

@@ -1,4 +1,4 @@
-// examples/sim_scale.cpp -- production scale on the simulated GPU: Llama-3-8B
+// lab/sim_scale.cpp -- production scale on the simulated GPU: Llama-3-8B
 // on an H200 (a KV pool of tens of thousands of blocks), ten thousand
 // chat-like requests arriving as a Poisson process, and how fast this
 // machine simulates it.
@@ -33,9 +33,9 @@
 
 #include "engine.hpp"
 #include "examples/cli.hpp"
-#include "examples/traffic.hpp"
+#include "lab/traffic.hpp"
 #include "examples/workload.hpp"
-#include "sim_runner.hpp"
+#include "lab/sim_runner.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// sim_runner.hpp -- a simulated GPU: the third ModelRunner, with no weights
+// lab/sim_runner.hpp -- a simulated GPU: the third ModelRunner, with no weights
 // and no logits, only a modelled duration for every step (chapter 5,
 // cost_model.hpp, says how the duration is computed).
 //
@@ -19,7 +19,7 @@
 //
 // The `cpu` preset is the one hardware we can check the model against: it is
 // measured here (calibrate_cpu) from the project's own CPU forward pass, and
-// examples/sim_fidelity compares the simulated step times with real ones.
+// lab/sim_fidelity compares the simulated step times with real ones.
 //
 // Sections: 1. SimRunner  2. the cpu preset, calibrated on this machine.
 #pragma once
@@ -35,10 +35,11 @@
 #include <string>
 #include <vector>
 
-#include "block_pool.hpp"
-#include "cost_model.hpp"
+#include "core/block_pool.hpp"
+#include "lab/cost_model.hpp"
+#include "lab/fast_cpu.hpp"
 #include "paged_kv.cuh"
-#include "tiny_model/forward_cpu.hpp"
+#include "tiny_model/forward_batch.hpp"
 #include "tiny_model/model.hpp"
 #include "tiny_model/runner.hpp"
 
@@ -157,7 +158,7 @@ private:
 // with the project's own forward pass on one thread (so that the measurement
 // does not depend on how many cores happen to be free). We calibrate the
 // roofline of cost_model.hpp section 4 on the engine's own code path -- a
-// CpuForward over a paged KV cache, then the argmax of each logits row, as
+// CpuForward with FastCpuMath over a paged KV cache, then the argmax of each logits row, as
 // ModelRunner::forward_argmax does -- with small synthetic batches chosen so
 // that each cost shows up alone.
 //
@@ -167,7 +168,7 @@ private:
 //   weights     reading every weight once per step. On a GPU this is the
 //               memory side of the roofline, and it *overlaps* with the
 //               FLOPs: a step takes the larger of the two. On this CPU it
-//               does not: matmul() walks the weights row by row and each dot()
+//               does not: the matmul walks the weights row by row and each output
 //               waits for its row's loads, so the read time *adds* to the
 //               compute time. We see it in the intercept of the step time
 //               against the batch size (below), together with the other fixed
@@ -182,8 +183,10 @@ private:
 //               the same intercept; and the engine's own per-step work
 //               (scheduling, building the batch, streaming tokens) comes on
 //               top, measured by the caller, who runs an Engine
-//               (examples/sim_fidelity does).
-//   attention   paged_attention_ref: scalar, two passes, one query at a time,
+//               (lab/sim_fidelity does).
+//   attention   paged_attention_cpu (lab/fast_cpu.hpp), which --device cpu
+//               runs: the reference's two passes, bit for bit, with each
+//               cache row located once, but still one query at a time, with
 //               no reuse of a K/V vector between the queries of a prefill.
 //               Its cost is per (query, key) pair: compute-bound, at
 //               attn_peak_flops. A chunk of n tokens ending at position e
@@ -227,7 +230,7 @@ private:
 // depends on where the cache's buffer starts within a page (sim_fidelity
 // pins the allocator so that calibration and engine get the same layout) --
 // and a step's first touch of freshly grown scratch memory is not in the
-// model at all. examples/sim_fidelity shows how much each costs.
+// model at all. lab/sim_fidelity shows how much each costs.
 //
 // Timing: every figure is this thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 // On a machine shared with other work the wall clock also counts the time
@@ -385,7 +388,8 @@ inline CpuCalibration calibrate_cpu(const Model& m, double engine_overhead_s = 0
                     kv_store(view, slot, h, vec.data());
                 }
 
-    CpuForward fwd(m, cache);
+    FastCpuMath fast;  // what --device cpu runs (examples/devices.hpp)
+    CpuForward fwd(m, cache, fast);
     std::vector<float> logits;
     std::vector<int32_t> tokens;
     // One forward pass and the argmax of its logits rows: the work of
@@ -437,13 +441,13 @@ inline CpuCalibration calibrate_cpu(const Model& m, double engine_overhead_s = 0
     auto layers = [&](int T) {
         const double t0 = thread_cpu_seconds();
         for (int l = 0; l < c.n_layers; ++l) {
-            matmul(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
-            matmul(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
-            matmul(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
-            matmul(att.data(), xb.data(), &w.wo[(size_t)l * D * D], T, D, D);
-            matmul(h1.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
-            matmul(h3.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);
-            matmul(att.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D);
+            matmul_fast(q.data(), xb.data(), &w.wq[(size_t)l * D * D], T, D, D);
+            matmul_fast(k.data(), xb.data(), &w.wk[(size_t)l * KV * D], T, D, KV);
+            matmul_fast(v.data(), xb.data(), &w.wv[(size_t)l * KV * D], T, D, KV);
+            matmul_fast(att.data(), xb.data(), &w.wo[(size_t)l * D * D], T, D, D);
+            matmul_fast(h1.data(), xb.data(), &w.w1[(size_t)l * H * D], T, D, H);
+            matmul_fast(h3.data(), xb.data(), &w.w3[(size_t)l * H * D], T, D, H);
+            matmul_fast(att.data(), hb.data(), &w.w2[(size_t)l * D * H], T, H, D);
         }
         return thread_cpu_seconds() - t0;
     };

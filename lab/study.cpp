@@ -1,4 +1,4 @@
-// examples/study.cpp -- one driver for every study (examples/studies.hpp).
+// lab/study.cpp -- one driver for every study (lab/studies.hpp).
 //
 //   build/study --list
 //   build/study NAME [--device cpu|sim] [--gpu PRESET] [--model PRESET] [--pcie PRESET]
@@ -20,7 +20,7 @@
 #endif
 
 #include "examples/cli.hpp"
-#include "examples/studies.hpp"
+#include "lab/studies.hpp"
 #include "examples/svg.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// block_pool.hpp -- chapter 1: who owns which block of the KV cache.
+// core/block_pool.hpp -- chapter 1: who owns which block of the KV cache.
 //
 // The KV cache is cut into fixed-size *blocks* of `block_size` token positions
 // (chapter 3, paged_kv.cuh, says what a block holds and where its bytes are).

@@ -1,4 +1,4 @@
-// examples/traffic.hpp -- synthetic traffic for the studies and the simulated
+// lab/traffic.hpp -- synthetic traffic for the studies and the simulated
 // GPU: when requests arrive, how long their prompts and outputs are, and how
 // many share a prompt prefix.
 //

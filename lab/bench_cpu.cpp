@@ -1,4 +1,4 @@
-// examples/bench_cpu.cpp -- how fast is the CPU forward pass, and how far is
+// lab/bench_cpu.cpp -- how fast is the CPU forward pass, and how far is
 // it from what this machine can do right now?
 //
 // A stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, ctx 256)
@@ -35,10 +35,11 @@
 #include <omp.h>
 #endif
 
-#include "block_pool.hpp"
+#include "core/block_pool.hpp"
 #include "engine.hpp"
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
+#include "lab/fast_cpu.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/runner.hpp"
 #include "tiny_model/sampler.hpp"
@@ -148,7 +149,7 @@ double macs_per_s(const float* W, int threads, bool microkernel) {
 // engine's sampling, outside the forward pass.
 class TimedCpuRunner : public pkv::ModelRunner {
 public:
-    explicit TimedCpuRunner(const pkv::Model& m) : inner_(m) {}
+    explicit TimedCpuRunner(const pkv::Model& m) : inner_(m, std::make_unique<pkv::FastCpuMath>()) {}
     const pkv::Config& model_config() const override { return inner_.model_config(); }
     pkv::Device device() const override { return inner_.device(); }
     void init_kv_cache(const pkv::KVGeometry& geo, int swap_blocks) override { inner_.init_kv_cache(geo, swap_blocks); }
@@ -269,7 +270,8 @@ int run(int argc, char** argv) {
         pkv::KVCache cache(geo);
         pkv::BlockPool pool(geo.num_blocks, block_size, false);
         pkv::BlockTable table;
-        pkv::CpuForward fwd(model, cache);
+        pkv::FastCpuMath fast;
+        pkv::CpuForward fwd(model, cache, fast);
         int token = 1;  // BOS
         const int n = 4 * steps > cfg.seq_len ? cfg.seq_len : 4 * steps;
         double t0 = now_s();
@@ -281,7 +283,7 @@ int run(int argc, char** argv) {
             token = pkv::argmax(logits.data(), cfg.vocab_size);
         }
         double dt = now_s() - t0;
-        const pkv::CpuForward::Profile& pr = fwd.profile;
+        const pkv::FastCpuMath::Profile& pr = fast.profile;
         const double gbps = n * weight_bytes / dt;
         std::printf("\nsingle-sequence decode: %d tokens in %.3f s = %.1f tok/s\n", n, dt, n / dt);
         std::printf("  weights streamed: %.2f GB/s = %.0f%% of the read roof; time in matmul %.0f%%, in attention %.0f%%;\n"
@@ -301,7 +303,8 @@ int run(int argc, char** argv) {
         pkv::BlockPool pool(geo.num_blocks, block_size, false);
         std::vector<pkv::BlockTable> tables(B);
         std::vector<int32_t> last(B);
-        pkv::CpuForward fwd(model, cache);
+        pkv::FastCpuMath fast;
+        pkv::CpuForward fwd(model, cache, fast);
         // Prefill every sequence (not timed): prompt tokens differ per sequence.
         for (int s = 0; s < B; ++s) {
             std::vector<int32_t> prompt(prompt_len);
@@ -312,7 +315,7 @@ int run(int argc, char** argv) {
             fwd.forward(b, logits);
             last[s] = pkv::argmax(logits.data(), cfg.vocab_size);
         }
-        fwd.profile = {};
+        fast.profile = {};
         double argmax_s = 0;
         double t0 = now_s();
         for (int step = 0; step < steps; ++step) {
@@ -327,7 +330,7 @@ int run(int argc, char** argv) {
             argmax_s += now_s() - a0;
         }
         double dt = now_s() - t0;
-        const double mm = fwd.profile.matmul_s, at = fwd.profile.attention_s;
+        const double mm = fast.profile.matmul_s, at = fast.profile.attention_s;
         double tps = (double)B * steps / dt;
         if (B == 1) base = tps;
         const double macs = tps * linear_macs;

@@ -1,4 +1,4 @@
-// examples/sim_fidelity.cpp -- how far is the simulated GPU from reality,
+// lab/sim_fidelity.cpp -- how far is the simulated GPU from reality,
 // where reality can be measured?
 //
 // The simulated GPU (sim_runner.hpp) replaces the forward pass by a modelled
@@ -58,9 +58,9 @@
 
 #include "engine.hpp"
 #include "examples/cli.hpp"
-#include "examples/traffic.hpp"
+#include "lab/traffic.hpp"
 #include "examples/workload.hpp"
-#include "sim_runner.hpp"
+#include "lab/sim_runner.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
@@ -394,7 +394,7 @@ int run(int argc, char** argv) {
     std::vector<Run> real;
     for (int r = 0; r < o.repeat; ++r) {
         cals.push_back(pkv::calibrate_cpu(model, 0.0, o.calibration_rounds));
-        real.push_back(run_engine(std::make_unique<RecordingCpuRunner>(model), o, reqs, nullptr));
+        real.push_back(run_engine(std::make_unique<RecordingCpuRunner>(model, std::make_unique<pkv::FastCpuMath>()), o, reqs, nullptr));
         if (r > 0) check_same_schedule(real[0], real.back(), "real run 1 vs real run " + std::to_string(r + 1));
     }
     pkv::CpuCalibration cal = pkv::combine_calibrations(model, cals);

@@ -1,4 +1,4 @@
-// cuda_shim.hpp -- the one seam between our kernels and where they run.
+// core/cuda_shim.hpp -- the one seam between our kernels and where they run.
 //
 // Every kernel in pagedkv is written once, in CUDA C++. This header lets that
 // same source run in two places:

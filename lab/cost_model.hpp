@@ -1,4 +1,4 @@
-// cost_model.hpp -- chapter 5: what one engine step costs on a GPU we do not
+// lab/cost_model.hpp -- chapter 5: what one engine step costs on a GPU we do not
 // have.
 //
 // The earlier chapters run a real model: a tiny one, on a CPU. That proves the
@@ -27,7 +27,7 @@
 // tails, caches (a small model's weights may live in L2), the non-GEMM
 // kernels (norms, RoPE, sampling), attention kernels that re-read K/V for
 // long prefills, and contention between copies and compute. The fidelity
-// program (examples/sim_fidelity.cpp) measures how far off the model is where
+// program (lab/sim_fidelity.cpp) measures how far off the model is where
 // we can measure: on this CPU, against the real engine.
 //
 // Sections: 1. presets (GPUs, PCIe links, models), each number with its

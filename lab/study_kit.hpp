@@ -1,8 +1,8 @@
-// examples/study_kit.hpp -- what every study shares: a device to run on (this
+// lab/study_kit.hpp -- what every study shares: a device to run on (this
 // CPU, or a simulated GPU), a scenario (engine knobs + traffic, on one engine
 // or several behind a router), one measured run of it, and the claims and
-// verdicts a study reports. examples/studies.hpp holds the studies,
-// examples/study.cpp the driver (`build/study NAME`).
+// verdicts a study reports. lab/studies.hpp holds the studies,
+// lab/study.cpp the driver (`build/study NAME`).
 //
 // Time. Every engine gets its own DeviceClock. On the CPU it is the CPU time
 // the engine's thread spends in steps (one thread: the driver sets OpenMP to
@@ -37,10 +37,10 @@
 #include <vector>
 
 #include "engine.hpp"
-#include "examples/traffic.hpp"
+#include "lab/traffic.hpp"
 #include "examples/workload.hpp"
-#include "sim_runner.hpp"
-#include "tiny_model/devices.hpp"
+#include "lab/sim_runner.hpp"
+#include "examples/devices.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace study {

@@ -1,4 +1,4 @@
-// metrics.hpp -- what an operator sees: counters, gauges, latency samples, the
+// core/metrics.hpp -- what an operator sees: counters, gauges, latency samples, the
 // periodic log line and the Prometheus text. Read with chapter 4 (engine.hpp),
 // which fills these numbers in once per step.
 //

@@ -1,4 +1,4 @@
-// examples/studies.hpp -- every study: a short table of variants, run on one
+// lab/studies.hpp -- every study: a short table of variants, run on one
 // device (this CPU, or a simulated GPU), and a conclusion computed from its
 // own numbers. Each study names the claims it tests (study_kit.hpp's list),
 // prints its evidence, and ends with a verdict per claim -- supported,
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "examples/study_kit.hpp"
+#include "lab/study_kit.hpp"
 #include "examples/svg.hpp"
 
 namespace study {
@@ -627,7 +627,8 @@ inline void decode_with(const pkv::Model& m, pkv::KVDtype dtype, const std::vect
                         std::vector<std::vector<float>>& logits, std::vector<int>& tokens) {
     const int bs = 16, total = (int)prompt.size() + n;
     pkv::KVCache cache(pkv::KVGeometry{m.cfg.n_layers, (int)pkv::blocks_for_tokens(total, bs), bs, m.cfg.n_kv_heads, m.cfg.head_dim(), dtype});
-    pkv::CpuForward fwd(m, cache);
+    pkv::FastCpuMath fast;
+    pkv::CpuForward fwd(m, cache, fast);
     pkv::BlockPool pool(cache.geo.num_blocks, bs, false);
     pkv::BlockTable table;
     std::vector<int32_t> seq(prompt.begin(), prompt.end());

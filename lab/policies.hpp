@@ -1,0 +1,319 @@
+// lab/policies.hpp -- the other answers: swap, other victims, reservation, a
+// watermark and load shedding, behind scheduler.hpp's seam.
+//
+// scheduler.hpp answers the card's four questions one way each (newest
+// victim, recompute, the whole current sequence must fit, refuse nobody who
+// can ever fit). Engines and operating systems have answered differently, and
+// the studies (lab/studies.hpp) measure what each answer costs. LabPolicy is
+// all of those answers in one SchedulerPolicy, chosen by a PolicyConfig:
+//
+//   victim      kNewest (the card's), kOldest, kFair           pick_victim
+//   preemption  kRecompute (the card's), kSwap (vLLM V0)       take_victim, resume
+//   admission   kBet (the card's), kReserve (TensorRT-LLM)     admission
+//   watermark   blocks kept free when admitting (vLLM V0)      admission
+//   max_waiting shed new requests while the queue is this long shed
+//
+// A config with every field at its default makes no policy at all
+// (make_policy returns an empty factory), so the card's scheduler runs
+// untouched. Nothing here changes what a request computes: its tokens are the
+// same bits under every policy (tests/test_swap.cpp, test_scheduler.cpp).
+//
+// Sections: 1. the choices  2. the host swap space  3. LabPolicy.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/block_pool.hpp"
+#include "core/metrics.hpp"
+#include "scheduler.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. The choices
+// ============================================================================
+
+// What admission bets on.
+enum class Admission {
+    // Page on demand: admit on the blocks the current sequence needs now and
+    // preempt when growth fails. Packs the most requests, risks recompute.
+    // vLLM's only mode; TensorRT-LLM calls it MAX_UTILIZATION.
+    kBet,
+    // Reserve prompt + max_tokens (capped at max_model_len) at admission and
+    // never preempt (TensorRT-LLM's GUARANTEED_NO_EVICT). Nothing is ever
+    // recomputed, but blocks sit reserved and empty for most of a request's
+    // life, so far fewer requests run at once and the queue is longer.
+    kReserve,
+};
+
+// Who is preempted when a block allocation fails. kNewest is vLLM's
+// running.pop(): the request admitted last, so the oldest ones keep going
+// and finish. The other two exist as contrasts the victim study measures:
+// kOldest throws away the most work; kFair preempts the request that has
+// generated the most tokens so far, so no request runs ahead of the others
+// and everyone is slowed alike (processor sharing, the "slow everyone down
+// uniformly" answer an operating system gives to memory pressure).
+enum class Victim { kNewest, kOldest, kFair };
+
+// What happens to a victim's KV cache.
+enum class Preemption {
+    // vLLM V1's only mode: drop it, recompute prompt + outputs on resume.
+    kRecompute,
+    // vLLM V0's other mode: copy the victim's blocks to a host "swap space"
+    // of fixed size (SchedulerConfig::swap_space_blocks), copy them back into
+    // fresh blocks on resume, keeping num_computed_tokens. Costs PCIe bytes
+    // both ways and host memory, no recompute. When the swap space is full we
+    // fall back to recompute for that victim and count it; vLLM V0 raised an
+    // error and stopped instead. vLLM V0 swapped only groups of several
+    // sequences by default (beam search); V1 has no swap at all.
+    kSwap,
+};
+
+inline const char* to_string(Admission a) { return a == Admission::kBet ? "bet" : "reserve"; }
+inline const char* to_string(Victim v) { return v == Victim::kNewest ? "newest" : v == Victim::kOldest ? "oldest" : "fair"; }
+inline const char* to_string(Preemption p) { return p == Preemption::kRecompute ? "recompute" : "swap"; }
+
+struct PolicyConfig {
+    Admission admission = Admission::kBet;
+    Victim victim = Victim::kNewest;
+    Preemption preemption = Preemption::kRecompute;
+    // Keep this fraction of all blocks free when admitting (0 = off): a
+    // cushion for running requests to grow into before anyone is preempted,
+    // paid for with lower concurrency. Never blocks an admission into an idle
+    // engine (otherwise a big request could wait forever). vLLM V0's block
+    // manager had the same idea, a watermark of 1% by default, "to avoid
+    // frequent cache eviction".
+    double watermark = 0.0;
+    // Shedding at the edge: reject new requests at once (retryable) while this
+    // many are already waiting. 0 = unbounded queue. A fast "try again"
+    // instead of a stream that stalls behind a queue the engine cannot drain.
+    int max_waiting = 0;
+
+    bool is_card() const {
+        return admission == Admission::kBet && victim == Victim::kNewest && preemption == Preemption::kRecompute &&
+               watermark == 0.0 && max_waiting == 0;
+    }
+};
+
+// ============================================================================
+// 2. The host swap space: which host slots are free
+// ============================================================================
+//
+// The host memory itself belongs to the model runner; this is only the
+// bookkeeping of its slots, exactly as the block pool is the bookkeeping of
+// the device blocks. A swapped-out request holds one slot per block it had.
+class SwapSpace {
+public:
+    explicit SwapSpace(int num_slots) : num_slots_(num_slots) {
+        if (num_slots < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
+        // pop_back hands out slot 0 first.
+        for (int i = num_slots - 1; i >= 0; --i) free_.push_back(i);
+    }
+    int num_slots() const { return num_slots_; }
+    int num_free() const { return (int)free_.size(); }
+    int in_use() const { return num_slots_ - num_free(); }
+
+    // n slots, or {} (and nothing taken) when fewer than n are free.
+    std::vector<int32_t> take(int n) {
+        std::vector<int32_t> out;
+        if (n > num_free()) return out;
+        for (int i = 0; i < n; ++i) {
+            out.push_back(free_.back());
+            free_.pop_back();
+        }
+        return out;
+    }
+    void give_back(const std::vector<int32_t>& slots) { free_.insert(free_.end(), slots.begin(), slots.end()); }
+
+    // Every slot is free xor held exactly once by one of `held` (the swapped
+    // requests' slot lists). "" when that holds.
+    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& held) const {
+        std::vector<int> holders((size_t)num_slots_, 0);
+        for (int32_t s : free_) {
+            if (s < 0 || s >= num_slots_) return "free swap slot out of range";
+            holders[s]++;
+        }
+        for (const std::vector<int32_t>* v : held)
+            for (int32_t s : *v) {
+                if (s < 0 || s >= num_slots_) return "swap slot out of range";
+                holders[s]++;
+            }
+        for (int s = 0; s < num_slots_; ++s)
+            if (holders[s] != 1) return "swap slot " + std::to_string(s) + " is held " + std::to_string(holders[s]) + " times";
+        return "";
+    }
+
+private:
+    int num_slots_;
+    std::vector<int32_t> free_;  // [free slots] host swap slot ids
+};
+
+// ============================================================================
+// 3. LabPolicy
+// ============================================================================
+
+class LabPolicy : public SchedulerPolicy {
+public:
+    // Swap (Preemption::kSwap) counters: victims swapped out / back in, blocks
+    // copied each way, and victims that found the swap space full.
+    struct Stats {
+        long num_swap_outs = 0, num_swap_ins = 0, blocks_swapped_out = 0, blocks_swapped_in = 0, num_swap_fallbacks = 0;
+    };
+
+    LabPolicy(const PolicyConfig& c, int swap_space_blocks) : cfg_(c), swap_(swap_space_blocks) {
+        if (c.max_waiting < 0) throw std::invalid_argument("max_waiting must be >= 0 (0 = unbounded)");
+        // Written so that NaN fails too: every comparison with NaN is false.
+        if (!(c.watermark >= 0.0 && c.watermark < 1.0)) throw std::invalid_argument("watermark must be in [0, 1)");
+    }
+
+    const PolicyConfig& config() const { return cfg_; }
+    const Stats& stats() const { return stats_; }
+    const std::deque<Request*>& swapped() const { return swapped_; }  // front = next to swap in
+    const SwapSpace& swap_space() const { return swap_; }
+    // The host slots holding `r`'s blocks (logical order) while it is swapped out.
+    const std::vector<int32_t>& swap_slots(const Request& r) const {
+        static const std::vector<int32_t> none;
+        const auto it = slots_.find(r.id);
+        return it == slots_.end() ? none : it->second;
+    }
+
+    std::string shed(const Scheduler& s, const Request&) override {
+        if (cfg_.max_waiting > 0 && (int)s.waiting().size() >= cfg_.max_waiting)
+            return "waiting queue is full (" + std::to_string(cfg_.max_waiting) + "); retry later";
+        return "";
+    }
+
+    // kNewest: the back of running (vLLM's running.pop()); kOldest: the front;
+    // kFair: the most output tokens, the newest on a tie, as vLLM would.
+    Request* pick_victim(const std::vector<Request*>& running) override {
+        // ---- exercise 5 begin: the running loop of schedule() ----
+        // kNewest: the back of `running`; kOldest: the front; kFair: the most
+        // output tokens, the newest on a tie.
+        if (cfg_.victim == Victim::kNewest) return running.back();
+        if (cfg_.victim == Victim::kOldest) return running.front();
+        Request* v = running.back();
+        for (auto it = running.rbegin(); it != running.rend(); ++it)
+            if ((*it)->num_output_tokens() > v->num_output_tokens()) v = *it;
+        return v;
+        // ---- exercise 5 end ----
+    }
+
+    // Swap: copy the blocks that hold computed K/V to host slots, keep
+    // num_computed_tokens, wait at the front of the swapped queue. A victim
+    // whose blocks do not fit in the free swap slots falls back to recompute.
+    bool take_victim(Scheduler& s, Request& victim, SchedulerOutput& out) override {
+        // ---- exercise 6 begin: preempt(): free, forget, requeue ----
+        // Swap: take host slots for the blocks holding computed tokens; if you
+        // get them, record out.swap_out pairs, keep num_computed_tokens, free
+        // the blocks, go to the front of swapped_ (count stats_.num_swap_outs,
+        // blocks_swapped_out) and return true. Otherwise count
+        // stats_.num_swap_fallbacks and return false (the scheduler recomputes).
+        if (cfg_.preemption != Preemption::kSwap) return false;
+        const int nblk = (int)blocks_for_tokens(victim.num_computed_tokens, s.pool().block_size());
+        if (nblk == 0) return false;  // nothing computed: nothing to copy, nothing to recompute
+        std::vector<int32_t> slots = swap_.take(nblk);
+        if (slots.empty()) {
+            stats_.num_swap_fallbacks++;
+            return false;
+        }
+        for (int b = 0; b < nblk; ++b) out.swap_out.push_back({victim.block_table.blocks[b], slots[b]});
+        slots_[victim.id] = std::move(slots);
+        stats_.num_swap_outs++;
+        stats_.blocks_swapped_out += nblk;
+        free_blocks(s.pool(), victim.block_table);
+        swapped_.push_front(&victim);
+        return true;
+        // ---- exercise 6 end ----
+    }
+
+    // Swapped-out requests come back before anything new is admitted (vLLM
+    // V0's order): their K/V are waiting in host memory, and a queue head that
+    // cannot come back yet blocks new admissions too.
+    bool resume(Scheduler& s, SchedulerOutput& out, int& budget) override {
+        while (!swapped_.empty() && budget > 0 && (int)s.running().size() < s.config().max_num_seqs) {
+            Request* req = swapped_.front();
+            const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
+            if (!allocate_slots(s.pool(), req->block_table, {}, (int64_t)req->num_computed_tokens + n)) break;
+            std::vector<int32_t>& slots = slots_[req->id];
+            for (size_t b = 0; b < slots.size(); ++b) out.swap_in.push_back({req->block_table.blocks[b], slots[b]});
+            swap_.give_back(slots);
+            stats_.num_swap_ins++;
+            stats_.blocks_swapped_in += (long)slots.size();
+            slots_.erase(req->id);
+            swapped_.pop_front();
+            s.start_running(req, n, out, budget);
+        }
+        return swapped_.empty();
+    }
+
+    Admit admission(const Scheduler& s, const Request& req, Admit a) override {
+        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // Reserve: must_hold and alloc_tokens are the request's longest
+        // sequence (Scheduler::sequence_cap). The watermark keeps its share of
+        // the pool free, but only while something runs.
+        if (cfg_.admission == Admission::kReserve) a.must_hold = a.alloc_tokens = s.sequence_cap(req);
+        if (!s.running().empty()) a.keep_free = (int64_t)(cfg_.watermark * s.pool().num_blocks());
+        return a;
+        // ---- exercise 7 end ----
+    }
+
+    bool forget(Request& r) override {
+        const auto it = std::find(swapped_.begin(), swapped_.end(), &r);
+        if (it == swapped_.end()) return false;
+        swapped_.erase(it);
+        swap_.give_back(slots_[r.id]);
+        slots_.erase(r.id);
+        return true;
+    }
+    size_t num_held() const override { return swapped_.size(); }
+
+    // Every slot is free xor held by exactly one swapped-out request, and
+    // only swapped-out requests hold any.
+    std::string check_invariants(const Scheduler&) const override {
+        std::vector<const std::vector<int32_t>*> held;
+        for (const auto& [id, slots] : slots_) {
+            if (std::none_of(swapped_.begin(), swapped_.end(), [&](const Request* r) { return r->id == id; }))
+                return "request " + std::to_string(id) + " holds swap slots but is not swapped out";
+            held.push_back(&slots);
+        }
+        if (held.size() != swapped_.size()) return "a swapped-out request holds no swap slots";
+        return swap_.check_invariants(held);
+    }
+
+    void report(Metrics& m) const override {
+        m.num_swap_outs = stats_.num_swap_outs;
+        m.num_swap_ins = stats_.num_swap_ins;
+        m.num_swap_fallbacks = stats_.num_swap_fallbacks;
+        m.swap_space_usage_perc = swap_.num_slots() ? (double)swap_.in_use() / swap_.num_slots() : 0.0;
+    }
+
+private:
+    PolicyConfig cfg_;
+    Stats stats_;
+    SwapSpace swap_;                                          // which host swap slots are free
+    std::deque<Request*> swapped_;                            // swapped out, front = next to swap in
+    std::unordered_map<int, std::vector<int32_t>> slots_;     // request id -> its host slots, logical order
+};
+
+// The SchedulerConfig::policy for `c`: empty when `c` is the card's, so that
+// the card's scheduler runs without any policy object of ours.
+inline std::function<std::unique_ptr<SchedulerPolicy>(const SchedulerConfig&)> make_policy(const PolicyConfig& c) {
+    if (c.is_card()) return {};
+    return [c](const SchedulerConfig& sc) { return std::make_unique<LabPolicy>(c, sc.swap_space_blocks); };
+}
+
+// The LabPolicy a scheduler runs, or nullptr (the card's).
+inline LabPolicy* lab_policy(Scheduler& s) { return dynamic_cast<LabPolicy*>(&s.policy()); }
+inline const LabPolicy* lab_policy(const Scheduler& s) { return dynamic_cast<const LabPolicy*>(&s.policy()); }
+
+}  // namespace pkv

@@ -1,13 +1,13 @@
-// engine.hpp -- chapter 4: the step loop, and what the client sees.
+// engine.hpp -- chapters 6 and 7: the step loop, and what the client sees.
 //
-//   step():  schedule -> swap copies -> build the flat batch -> forward ->
+//   step():  schedule -> (swap copies) -> build the flat batch -> forward ->
 //            sample -> append tokens -> stream them -> finish and free
 //
 // Everything a reader needs to *observe* preemption lives here too: the stream
 // of events a client would see (tokens, and the pauses between them), and the
-// metrics an operator would see (metrics.hpp: preemptions, KV-cache usage,
-// inter-token latency percentiles, recomputed tokens), named as vLLM names
-// them.
+// metrics an operator would see (core/metrics.hpp: preemptions, KV-cache
+// usage, inter-token latency percentiles, recomputed tokens), named as vLLM
+// names them.
 //
 // vLLM V1 splits this loop across processes: the engine core runs
 // scheduler.schedule(), then the model executor (which also samples on the
@@ -15,19 +15,17 @@
 // stops; a front-end process detokenizes, streams and computes the latency
 // metrics. We do all of it in one thread, in one function (step()), whose
 // phases are named functions below, so the whole life of a token can be read
-// in one sitting. The price: no overlap between scheduling and the forward
-// pass.
+// in one sitting. The price: no overlap between scheduling and the forward pass.
 //
 // The engine never touches weights or KV memory: a ModelRunner
 // (tiny_model/runner.hpp) owns both, and the caller chooses which one
 // (examples/devices.hpp turns --device into one).
 //
-// Sections: 1. time  2. the event stream  3. the engine (config,
-// construction, the door: add_request and abort, step() and its phases).
+// Sections: 1. the event stream  2. the engine (config, construction, the
+// door: add_request and abort, step() and its phases).
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -37,6 +35,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/clock.hpp"
 #include "core/metrics.hpp"
 #include "paged_kv.cuh"
 #include "scheduler.hpp"
@@ -47,66 +46,21 @@
 namespace pkv {
 
 // ============================================================================
-// 1. Time: a clock interface
-// ============================================================================
-//
-// Every timestamp the engine records comes from a Clock. The default is the
-// wall clock; tests use a manual clock that advances one unit per step, so
-// latencies are counted in steps and are exactly reproducible; a simulated
-// backend can advance it by a modelled step time instead.
-//
-// Why a virtual interface and not a template parameter? One virtual call per
-// timestamp is nothing next to a forward pass, and it keeps Engine a plain
-// class that every example and test names the same way.
-
-struct Clock {
-    virtual ~Clock() = default;
-    virtual double now() = 0;             // seconds
-    virtual void on_step_end() {}         // a step has finished
-    // A modelled runner (the simulated GPU) reports how long its work would
-    // have taken; a clock of simulated time moves forward by it.
-    virtual void advance(double /*seconds*/) {}
-};
-// steady_clock, not system_clock: every metric is a difference of two
-// timestamps, and steady_clock never jumps when the system time is adjusted.
-struct WallClock : Clock {
-    double now() override {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    }
-};
-// Time stands still inside a step and jumps by seconds_per_step at its end.
-// Every timestamp of one step is therefore equal, and a preemption pause reads
-// as a whole number of steps: what the scheduler tests assert on.
-struct StepClock : Clock {
-    double t = 0.0, seconds_per_step = 1.0;
-    double now() override { return t; }
-    void on_step_end() override { t += seconds_per_step; }
-};
-// Simulated time: it moves only when a modelled runner says its work took
-// time, so inside a step everything before the forward pass happens at the
-// step's start and every token at its end.
-struct VirtualClock : Clock {
-    double t = 0.0;
-    double now() override { return t; }
-    void advance(double seconds) override { t += seconds; }
-};
-
-// ============================================================================
-// 2. What a client sees: the event stream
+// 1. What a client sees: the event stream
 // ============================================================================
 //
 // A client of an inference server gets a stream: tokens as they are sampled,
 // then one end-of-stream. We add the state changes a client never sees
 // (kPreempted, kResumed) so that examples/overload can draw the lanes and mark
-// where a stream paused; a real server would simply send nothing for a while.
-// vLLM V1 records similar per-request events (QUEUED, SCHEDULED, PREEMPTED)
-// for its metrics and does not stream them either.
+// where a stream paused; a real server simply sends nothing for a while
+// (examples/serve.cpp). vLLM V1 records similar per-request events (QUEUED,
+// SCHEDULED, PREEMPTED) for its metrics and does not stream them either.
 //
-// Order within one step: preempted and resumed events first (they are
-// decided by schedule(), before the forward pass), then, request by request,
-// its token and, if that token stopped it, its kFinished.
-// A token event is emitted exactly once, when it is sampled; a recompute
-// re-runs positions whose tokens were already streamed and emits nothing.
+// Order within one step: preempted and resumed events first (decided by
+// schedule(), before the forward pass), then, request by request, its token
+// and, if that token stopped it, its kFinished. A token event is emitted
+// exactly once, when it is sampled; a recompute re-runs positions whose tokens
+// were already streamed and emits nothing.
 
 enum class EventType { kToken, kPreempted, kResumed, kFinished, kRejected };
 
@@ -122,7 +76,7 @@ struct StreamEvent {
 };
 
 // ============================================================================
-// 3. The engine
+// 2. The engine
 // ============================================================================
 
 struct EngineConfig {
@@ -133,14 +87,14 @@ struct EngineConfig {
     int block_size = 16;
     bool enable_prefix_caching = false;
     SchedulerConfig sched;     // sched.max_model_len 0 = derive (see derive())
-    // llama2.c's "</s>". Note that run.c itself (and examples/generate) stops
-    // when the model emits BOS (id 1); the engine stops on EOS like vLLM, and
+    // llama2.c's "</s>". run.c itself (and examples/generate) stops when the
+    // model emits BOS (id 1); the engine stops on EOS like vLLM, and
     // examples/overload sets ignore_eos so every request does the same work.
     int eos_token_id = 2;
     double log_interval_s = 5.0;  // periodic log line (on_log); <= 0 = never
-    // The KV cache's element type (paged_kv.cuh section 1), and optionally its
-    // size as a byte budget: with kv_cache_bytes > 0, num_blocks is derived
-    // from it, so a smaller dtype buys more blocks and fewer preemptions.
+    // The cache's element type (core/kv_dtype.hpp), and optionally its size as
+    // a byte budget: with kv_cache_bytes > 0, num_blocks is derived from it,
+    // so a smaller dtype buys more blocks and fewer preemptions.
     KVDtype kv_dtype = KVDtype::kF32;
     uint64_t kv_cache_bytes = 0;
 };
@@ -150,16 +104,12 @@ public:
     using StreamCallback = std::function<void(const StreamEvent&)>;
     using LogCallback = std::function<void(const std::string&)>;
 
-    // max_model_len defaults to the model's context, capped to what the pool
-    // can hold; an explicit value larger than either is a startup error.
-    //
-    // Members are initialized in declaration order (see the bottom of the
-    // class), and that order is a dependency chain: the runner first (it
-    // knows the model's shape), then cfg_ is derived and checked against the
-    // memory the runner can give, then the pool is sized from it, then the
-    // scheduler checks max_model_len against the pool, and last the runner
-    // allocates the KV cache itself (host memory for the CPU, device memory
-    // for the kernels).
+    // Members are initialized in declaration order (the bottom of the class),
+    // and that order is a dependency chain: the runner first (it knows the
+    // model's shape and its memory), then cfg_ is derived and checked against
+    // it, then the pool is sized from it, then the scheduler checks
+    // max_model_len against the pool, and last the runner allocates the KV
+    // cache itself (host memory for the CPU, device memory for the kernels).
     Engine(std::unique_ptr<ModelRunner> runner, EngineConfig cfg, Clock* clock = nullptr)
         : runner_(require(std::move(runner))), cfg_(derive(*runner_, cfg)),
           geo_{model().n_layers, cfg_.num_blocks, cfg_.block_size, model().n_kv_heads, model().head_dim(), cfg_.kv_dtype},
@@ -167,7 +117,7 @@ public:
           sched_(cfg_.sched, pool_),
           clock_(clock ? clock : &wall_clock_),
           log_(clock_->now()) {
-        runner_->init_kv_cache(geo_, swap_blocks(cfg_));
+        runner_->init_kv_cache(geo_, cfg_.sched.swap_space_blocks);
     }
     // The scheduler holds a reference to pool_, requests point into each
     // other's queues: a copied or moved engine would point into the old one.
@@ -185,16 +135,18 @@ public:
     const Metrics& metrics() const { return metrics_; }
     const Config& model() const { return runner_->model_config(); }
     const Scheduler& scheduler() const { return sched_; }
+    Scheduler& scheduler() { return sched_; }
     const BlockPool& pool() const { return pool_; }
     ModelRunner& runner() { return *runner_; }
     Request* request(int id) { return sched_.request(id); }
     double now() { return clock_->now(); }
+    bool has_unfinished() const { return sched_.has_unfinished(); }
+    // Bytes of one block across all layers, K and V: what one swap copy moves.
+    size_t block_bytes() const { return geo_.bytes_per_block(); }
 
-    // The line vLLM logs at startup, for our pool.
-    // "Maximum concurrency" is pool tokens / max_model_len: how many requests
-    // could each reach max_model_len at once. When max_model_len was capped
-    // to the pool it reads 1.00x, yet many more requests may run at once:
-    // everything above 1.00x is the admission bet of scheduler.hpp.
+    // The line vLLM logs at startup, for our pool. "Maximum concurrency" is
+    // pool tokens / max_model_len: how many requests could each reach
+    // max_model_len at once. Everything above 1.00x is the admission bet.
     std::string startup_summary() const {
         const long pool_tokens = (long)cfg_.num_blocks * cfg_.block_size;
         char buf[400];
@@ -214,10 +166,9 @@ public:
     // is finished(rejected) with a reason, and a kRejected event is emitted.
     // Rejection happens here, at the door, never later: once a request is
     // accepted it will finish (or be aborted by its client, or fail alone).
-    // What is checked here: every prompt token is a valid id (the forward
-    // pass would otherwise fail every step, for every request in the batch),
-    // temperature and top_p are numbers; the scheduler adds what it knows
-    // (empty prompt, max_tokens, a prompt that can never fit, a full queue).
+    // We check what only the engine knows (every prompt token is a valid id,
+    // or the forward pass would fail every step for the whole batch;
+    // temperature and top_p are numbers); the scheduler adds the rest.
     int add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
         const double t = clock_->now();
         const std::string invalid = check_request(prompt, params);
@@ -229,14 +180,12 @@ public:
         return r->id;
     }
 
-    // A client hung up. Between steps, its blocks are free when this returns,
-    // so the next step can already give them to someone else. From inside a
-    // step (an on_event callback), the stream ends at once -- kFinished now,
-    // no later event -- and the scheduler applies the abort when the step
-    // ends: the step's batch was built with this request's blocks, and
-    // freeing them under it would hand them to nobody safely. vLLM likewise
-    // applies aborts between steps. Returns false for a request that is
-    // finished, already aborted, or unknown.
+    // A client hung up. Between steps, its blocks are free when this returns.
+    // From inside a step (an on_event callback), the stream ends at once --
+    // kFinished now, no later event -- and the scheduler applies the abort
+    // when the step ends: the step's batch was built with this request's
+    // blocks. vLLM likewise applies aborts between steps. Returns false for
+    // a request that is finished, already aborted, or unknown.
     bool abort(int id) {
         const double t = clock_->now();
         Request* r = sched_.request(id);
@@ -248,18 +197,15 @@ public:
         return true;
     }
 
-    bool has_unfinished() const { return sched_.has_unfinished(); }
-
     // ---- one engine step -----------------------------------------------------------
     //
     // Read it as its phases: (a) the scheduler decides who runs and who is
-    // preempted, and swap copies happen; (b) we lay every scheduled token side
-    // by side in one flat batch; (c) one forward pass writes K/V for all of
-    // them and returns logits for the last token of each sequence that is
-    // fully computed, and we account for new and repeated work; (d) we
-    // sample, stream and finish. Like vLLM V1 there is no separate "prefill
-    // step" and "decode step": a step mixes decodes, prefill chunks and
-    // recomputes freely. Returns the number of tokens computed.
+    // preempted; (b) we lay every scheduled token side by side in one flat
+    // batch; (c) one forward pass writes K/V for all of them and returns
+    // logits for the last token of each sequence that is fully computed; (d)
+    // we sample, stream and finish. Like vLLM V1 there is no separate
+    // "prefill step" and "decode step": a step mixes decodes, prefill chunks
+    // and recomputes freely. Returns the number of tokens computed.
     int step() {
         StepScope scope(*this);
         SchedulerOutput so = sched_.schedule();
@@ -286,22 +232,17 @@ public:
         while (has_unfinished()) step();
     }
 
-    // "" when the block pool agrees with every request's block table and the
-    // host swap space with every swapped request. The randomized scheduler
-    // test calls this after every step.
+    // "" when the block pool agrees with every request's block table, and the
+    // scheduling policy with itself. The randomized tests call it every step.
     std::string check_invariants() const {
         std::string e = pool_.check_invariants(sched_.all_block_tables());
-        return e.empty() ? sched_.check_swap_invariants() : e;
+        return e.empty() ? sched_.policy().check_invariants(sched_) : e;
     }
 
-    // Bytes of one block across all layers, K and V: what one swap copy moves.
-    size_t block_bytes() const { return geo_.bytes_per_block(); }
-
-    // The vLLM-style periodic line (metrics.hpp), also available on demand.
-    // The throughputs are averages since the previous line, so calling this
-    // moves that window: on-demand calls and the periodic log share it.
+    // The vLLM-style periodic line and the Prometheus text (core/metrics.hpp).
+    // The line's throughputs are averages since the previous line, so calling
+    // it moves that window: on-demand calls and the periodic log share it.
     std::string log_line() { return log_.line(metrics_, clock_->now()); }
-    // Prometheus text exposition (metrics.hpp).
     std::string prometheus() const { return prometheus_text(metrics_); }
 
 private:
@@ -310,9 +251,6 @@ private:
     static std::unique_ptr<ModelRunner> require(std::unique_ptr<ModelRunner> r) {
         if (!r) throw std::invalid_argument("Engine: no model runner");
         return r;
-    }
-    static int swap_blocks(const EngineConfig& c) {
-        return c.sched.preemption == Preemption::kSwap ? c.sched.swap_space_blocks : 0;
     }
 
     // Fill in num_blocks (from a byte budget) and max_model_len, and check the
@@ -328,8 +266,7 @@ private:
             throw std::invalid_argument("block_size must be in 1.." + std::to_string(kMaxBlockSize) + ", got " + std::to_string(c.block_size));
         if (!std::isfinite(c.log_interval_s)) throw std::invalid_argument("log_interval_s must be a finite number of seconds");
         if (c.sched.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
-        const KVGeometry g1{m.n_layers, 1, c.block_size, m.n_kv_heads, m.head_dim(), c.kv_dtype};
-        const uint64_t block_bytes = g1.bytes_per_block();
+        const uint64_t block_bytes = KVGeometry{m.n_layers, 1, c.block_size, m.n_kv_heads, m.head_dim(), c.kv_dtype}.bytes_per_block();
         if (c.kv_cache_bytes > 0) {
             // A byte budget: as many blocks of this dtype as fit. f16 gives
             // twice the blocks of f32, int8 (with its scales) almost four times.
@@ -342,28 +279,15 @@ private:
             c.num_blocks = (int)n;
         }
         if (c.num_blocks < 1) throw std::invalid_argument("num_blocks must be >= 1");
-        // The memory this will take, before it is taken.
-        const uint64_t kv = mul_sat((uint64_t)c.num_blocks, block_bytes);
-        const uint64_t swap = mul_sat((uint64_t)swap_blocks(c), block_bytes);
-        const uint64_t have_kv = runner.memory_for_kv_cache(), have_host = runner.memory_for_swap();
-        const uint64_t need_host = add_sat(swap, runner.kv_in_host_memory() ? kv : 0);
-        if (kv > have_kv || need_host > have_host) {
-            throw std::invalid_argument(
-                "this configuration needs " + format_bytes(kv) + " of KV cache (" + std::to_string(c.num_blocks) + " blocks of " +
-                format_bytes(block_bytes) + ")" + (swap ? " + " + format_bytes(swap) + " of host swap space" : std::string()) +
-                ", but " + (kv > have_kv ? "the " + std::string(to_string(runner.device())) + " runner can give the KV cache " + format_bytes(have_kv)
-                                        : "this machine has " + format_bytes(have_host) + " of host memory") +
-                ": lower the number of blocks, the block size or the swap space");
-        }
+        runner.check_memory(c.num_blocks, block_bytes, c.sched.swap_space_blocks);  // the memory it will take, before it is taken
         const int64_t pool_tokens = (int64_t)c.num_blocks * c.block_size;
         if (c.sched.max_model_len == 0) c.sched.max_model_len = (int)std::min<int64_t>(m.seq_len, pool_tokens);
         // Positions past the model's context are untrained, and the forward
-        // pass rejects them.
+        // pass rejects them. (One larger than the pool: the Scheduler says so.)
         else if (c.sched.max_model_len > m.seq_len)
             throw std::invalid_argument("max_model_len " + std::to_string(c.sched.max_model_len) +
                                         " is longer than the model's context " + std::to_string(m.seq_len) +
                                         ": lower --max-model-len");
-        // A max_model_len larger than the pool is caught by the Scheduler.
         return c;
     }
 
@@ -402,8 +326,9 @@ private:
         bool all_greedy = true;         // then greedy_ holds the argmax of each row, not logits_
     };
 
-    // (a) Swap copies happen before the forward pass: a victim's freed blocks
-    // still hold its K/V until this step's forward writes into them.
+    // (a) A policy that swaps (lab/policies.hpp) asks for block copies; they
+    // happen before the forward pass, because a victim's freed blocks still
+    // hold its K/V until this step's forward writes into them.
     void copy_swapped_blocks(const SchedulerOutput& so) {
         if (!so.swap_out.empty()) runner_->swap_out(so.swap_out);
         if (!so.swap_in.empty()) runner_->swap_in(so.swap_in);
@@ -432,18 +357,8 @@ private:
         size_t width = 0;
         for (const ScheduledRequest& s : sb.so.scheduled) width = std::max(width, s.req->block_table.blocks.size());
         sb.batch.reserve((int)sb.so.scheduled.size(), (int)width);
-        for (const ScheduledRequest& s : sb.so.scheduled) {
-            Request& r = *s.req;
-            const int first = r.num_computed_tokens;
-            // Only a chunk that reaches the end of the sequence yields a token:
-            // an earlier prefill chunk only fills the cache (chunked prefill).
-            const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
-            sb.batch.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
-            if (!reaches_end) continue;
-            sb.sampled.push_back(&r);
-            sb.batch.logits_seed.push_back(r.params.seed);
-            sb.batch.logits_output_index.push_back(r.num_output_tokens());
-        }
+        for (const ScheduledRequest& s : sb.so.scheduled)
+            if (add_to_batch(sb.batch, s)) sb.sampled.push_back(s.req);
         // When every request sampled this step is greedy, only the argmax of
         // each row is needed: the runner computes it where the logits are (on
         // a GPU that saves copying a vocab-sized row per request back). A
@@ -452,6 +367,20 @@ private:
         for (const Request* r : sb.sampled) sb.all_greedy = sb.all_greedy && r->params.temperature == 0.0f;
         sb.all_greedy = sb.all_greedy || runner_->produces_tokens();
         return sb;
+    }
+    // One scheduled request's tokens into `b`; true if its last token is
+    // sampled this step. Only a chunk that reaches the end of the sequence
+    // yields a token: an earlier prefill chunk only fills the cache.
+    bool add_to_batch(ForwardBatch& b, const ScheduledRequest& s) const {
+        const Request& r = *s.req;
+        const int first = r.num_computed_tokens;
+        const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
+        b.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
+        if (reaches_end) {
+            b.logits_seed.push_back(r.params.seed);
+            b.logits_output_index.push_back(r.num_output_tokens());
+        }
+        return reaches_end;
     }
 
     // (c) The forward pass writes K/V of every batch token into its slot and
@@ -480,23 +409,15 @@ private:
         std::vector<int32_t> one_argmax;
         size_t row = 0;  // this request's row among sampled
         for (size_t i = 0; i < sb.so.scheduled.size(); ++i) {
-            const ScheduledRequest& s = sb.so.scheduled[i];
-            Request& r = *s.req;
-            const int first = r.num_computed_tokens;
-            const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
             ForwardBatch alone;
-            alone.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
-            if (reaches_end) {
-                alone.logits_seed.push_back(r.params.seed);
-                alone.logits_output_index.push_back(r.num_output_tokens());
-            }
+            const bool reaches_end = add_to_batch(alone, sb.so.scheduled[i]);
             try {
                 forward(alone, sb.all_greedy, one_logits, one_argmax);
                 if (reaches_end && sb.all_greedy) greedy_[row] = one_argmax[0];
                 if (reaches_end && !sb.all_greedy) std::copy_n(one_logits.begin(), V, logits_.begin() + (ptrdiff_t)(row * V));
             } catch (const std::exception& e) {
                 sb.failed[i] = 1;
-                r.reject_reason = std::string("forward pass failed: ") + e.what();
+                sb.so.scheduled[i].req->reject_reason = std::string("forward pass failed: ") + e.what();
             }
             row += reaches_end;
         }
@@ -539,7 +460,6 @@ private:
             // The coin depends only on (seed, output index), never on the step
             // or the batch: a recomputed request draws the same coin for its
             // k-th token as it would have without preemption (sampler.hpp).
-            // Greedy needs no coin, so we skip the hashing.
             int token;
             if (sb.all_greedy) token = greedy_[i];
             else {
@@ -550,8 +470,7 @@ private:
             r.tokens.push_back(token);
             record_token_latency(r, t_out);
             metrics_.generation_tokens_total++;
-            // The token is streamed before the stop check, so a client sees the
-            // EOS or stop token itself, then kFinished.
+            // Streamed before the stop check: a client sees the stop token itself, then kFinished.
             emit({EventType::kToken, r.id, t_out, token, out_index});
             if (abort_pending(r.id)) continue;  // the callback aborted it on this very token
             const FinishReason why = stop_reason(r, token);
@@ -581,37 +500,28 @@ private:
         pending_aborts_.clear();
     }
 
-    // Blocks of finished requests are already back in the pool, so the gauges
-    // (and the next schedule()) see them free.
-    void end_step() {
-        update_gauges();
-        clock_->on_step_end();
-        maybe_log();
-    }
-
     void emit(const StreamEvent& e) {
         if (on_event) on_event(e);
     }
 
-    // Time to first token is measured from arrival, so it includes queueing:
-    // that is where --admission reserve pays, even though it never preempts.
+    // Time to first token is measured from arrival, so it includes queueing.
+    // Across a preemption the inter-token gap includes the whole pause:
+    // exactly what a client streaming the tokens would feel.
     void record_token_latency(Request& r, double t) {
         if (r.first_token_time < 0) {
             r.first_token_time = t;
             metrics_.time_to_first_token.add(t - r.arrival_time);
         } else {
-            // Across a preemption this gap includes the whole pause: exactly
-            // what a client streaming the tokens would feel.
             metrics_.inter_token_latency.add(t - r.last_token_time);
         }
         r.last_token_time = t;
     }
 
     // Why `r` stops after emitting `token` (kNone: it goes on). A stop token
-    // wins over a length limit reached by the same token.
-    // vLLM V1's check_stop tests the length limits first, so a token that is
-    // both EOS and the max_tokens-th is "length" there and "stop" here; the
-    // tokens streamed are the same either way.
+    // wins over a length limit reached by the same token. vLLM V1's
+    // check_stop tests the length limits first, so a token that is both EOS
+    // and the max_tokens-th is "length" there and "stop" here; the tokens
+    // streamed are the same either way.
     FinishReason stop_reason(const Request& r, int token) const {
         if (token == cfg_.eos_token_id && !r.params.ignore_eos) return FinishReason::kStop;
         for (int32_t s : r.params.stop_token_ids)
@@ -622,37 +532,29 @@ private:
         return FinishReason::kNone;
     }
 
-    // The scheduler owns the preemption and prefix-cache counters (it is where
-    // they happen); we copy them here so that Metrics is one consistent
-    // snapshot taken at the end of a step.
-    void update_gauges() {
+    // Blocks of finished requests are already back in the pool, so the gauges
+    // (and the next schedule()) see them free. The scheduler owns the
+    // preemption and prefix-cache counters (it is where they happen); we copy
+    // them here so that Metrics is one consistent snapshot per step. The
+    // periodic log line is checked once per step, on the engine's clock.
+    void end_step() {
         const SchedulerStats& s = sched_.stats();
         metrics_.num_steps++;
         metrics_.num_preemptions_total = s.num_preemptions_total;
         metrics_.prefix_cache_queries = s.prefix_cache_queries;
         metrics_.prefix_cache_hits = s.prefix_cache_hits;
-        metrics_.num_swap_outs = s.num_swap_outs;
-        metrics_.num_swap_ins = s.num_swap_ins;
-        metrics_.num_swap_fallbacks = s.num_swap_fallbacks;
         metrics_.kv_cache_usage_perc = pool_.kv_cache_usage_perc();
         metrics_.max_kv_cache_usage_perc = std::max(metrics_.max_kv_cache_usage_perc, metrics_.kv_cache_usage_perc);
         metrics_.num_requests_running = (int)sched_.running().size();
-        metrics_.num_requests_waiting = (int)(sched_.waiting().size() + sched_.swapped().size());
-        const SwapSpace& sw = sched_.swap_space();
-        metrics_.swap_space_usage_perc = sw.num_slots() ? (double)sw.in_use() / sw.num_slots() : 0.0;
-    }
-
-    // Checked once per step, on the engine's clock: at most one line per step,
-    // and under a StepClock the interval is counted in steps.
-    void maybe_log() {
-        if (!on_log || cfg_.log_interval_s <= 0) return;
-        if (clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());
+        metrics_.num_requests_waiting = (int)(sched_.waiting().size() + sched_.policy().num_held());
+        sched_.policy().report(metrics_);
+        clock_->on_step_end();
+        if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());
     }
 
     // Declaration order is construction order: keep runner_ first and cfg_
     // before geo_, pool_ and sched_ (the constructor reads the derived cfg_).
-    // The model and the KV cache memory itself, on the runner's device.
-    std::unique_ptr<ModelRunner> runner_;
+    std::unique_ptr<ModelRunner> runner_;  // the model and the KV cache memory itself, on its device
     EngineConfig cfg_;
     // The KV cache's shape: K and V per layer, [num_blocks, block_size, n_kv_heads, head_dim].
     KVGeometry geo_;

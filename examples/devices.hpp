@@ -15,8 +15,8 @@
 // headers, and it hands every program the fast paths: FastCpuMath
 // (lab/fast_cpu.hpp) to the CPU runner, FastGpuMath (lab/fast_gpu.cuh) to the
 // kernel runner. Same tokens either way; only the time differs. The
-// scheduling policies of lab/policies.hpp come through here too (below), so
-// that examples/workload.hpp can offer them as flags.
+// scheduling policies of lab/policies.hpp come through here too, so that
+// examples/workload.hpp can offer them as flags.
 #pragma once
 
 #include <memory>
@@ -26,6 +26,7 @@
 #include "core/cuda_shim.hpp"
 #include "lab/fast_cpu.hpp"
 #include "lab/fast_gpu.cuh"
+#include "lab/policies.hpp"
 #include "lab/sim_runner.hpp"
 #include "tiny_model/forward_gpu.cuh"
 #include "tiny_model/model.hpp"

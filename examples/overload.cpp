@@ -103,7 +103,7 @@ int run(int argc, char** argv) {
         std::printf("%s\n", eng.startup_summary().c_str());
         std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
                     opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs,
-                    pkv::to_string(opt.admission), opt.prefix_caching ? "on" : "off");
+                    pkv::to_string(opt.policy.admission), opt.prefix_caching ? "on" : "off");
     }
 
     // Per-request view of the stream, as a client would collect it.
@@ -195,8 +195,8 @@ int run(int argc, char** argv) {
              std::to_string(opt.max_num_batched_tokens) + ",\"max_tokens\":" + std::to_string(opt.max_tokens) +
              ",\"prompt_len\":" + std::to_string(opt.prompt_len) + ",\"max_model_len\":" +
              std::to_string(eng.config().sched.max_model_len) + ",\"prefix_caching\":" + (opt.prefix_caching ? "true" : "false") +
-             ",\"admission\":\"" + pkv::to_string(opt.admission) + "\",\"max_waiting\":" +
-             std::to_string(opt.max_waiting) + ",\"seed\":" + std::to_string(opt.seed) + "},\"requests\":[";
+             ",\"admission\":\"" + pkv::to_string(opt.policy.admission) + "\",\"max_waiting\":" +
+             std::to_string(opt.policy.max_waiting) + ",\"seed\":" + std::to_string(opt.seed) + "},\"requests\":[";
         for (int i = 0; i < R; ++i) {
             pkv::Request* r = eng.request(i);
             std::vector<int32_t> out(r->tokens.begin() + r->num_prompt_tokens, r->tokens.end());
@@ -256,7 +256,7 @@ int run(int argc, char** argv) {
     std::printf("  useful output tokens     %ld\n", m.generation_tokens_total);
     std::printf("  recomputed tokens        %ld  (%.0f%% of the useful output: work done twice)\n", m.recomputed_tokens_total,
                 m.generation_tokens_total ? 100.0 * m.recomputed_tokens_total / m.generation_tokens_total : 0.0);
-    if (opt.preemption == pkv::Preemption::kSwap)
+    if (opt.policy.preemption == pkv::Preemption::kSwap)
         std::printf("  swap                     %ld out, %ld in, %.2f MB out + %.2f MB in, %ld fallbacks to recompute (swap space %d blocks)\n",
                     m.num_swap_outs, m.num_swap_ins, m.swap_out_bytes / 1e6, m.swap_in_bytes / 1e6, m.num_swap_fallbacks,
                     opt.swap_space_blocks);

@@ -1,9 +1,9 @@
 // examples/workload.hpp -- what examples/overload and the studies share:
 //
-//   Setup           one engine configuration plus one synthetic workload, as
-//                   a flat set of knobs (the command-line flags map onto it)
 //   make_prompt     a prompt of random words, exactly `len` tokens
-//   engine_config   Setup -> pkv::EngineConfig
+//   EngineKnobs     the engine's knobs; engine_config() makes the one
+//                   pkv::EngineConfig every program and study runs
+//   Setup           the knobs plus one synthetic workload
 //   add_workload    every request at once (what overload does)
 //   run()           one engine, one workload, measured: requests may arrive
 //                   spread over steps, and every latency is recorded twice,
@@ -43,23 +43,42 @@ namespace study {
 // 1. The knobs
 // ============================================================================
 
-struct Setup {
-    // The engine. Defaults are `make run`'s demo (examples/overload).
+// The engine's knobs, as flags and studies set them; engine_config() is the
+// one place they become a pkv::EngineConfig. Defaults are `make run`'s demo.
+struct EngineKnobs {
     int num_blocks = 40, block_size = 16, max_num_seqs = 16, max_num_batched_tokens = 256;
     int max_model_len = 0;  // 0 = derive (the model's context capped to the pool)
-    int max_waiting = 0;    // 0 = unbounded waiting queue
     bool prefix_caching = false;
-    pkv::Admission admission = pkv::Admission::kBet;
-    pkv::Victim victim = pkv::Victim::kNewest;
-    // What a victim's KV cache becomes: dropped (recompute, vLLM V1) or
-    // copied to a host swap space of swap_space_blocks blocks (vLLM V0).
-    pkv::Preemption preemption = pkv::Preemption::kRecompute;
-    int swap_space_blocks = 0;
+    // The card's scheduler unless changed (lab/policies.hpp): the victim,
+    // swap or recompute, bet or reserve, a watermark, max_waiting shedding.
+    pkv::PolicyConfig policy;
+    int swap_space_blocks = 0;  // host swap space in blocks, used with policy.preemption == kSwap
     // The cache's element type, and optionally a byte budget that sizes the
     // pool instead of num_blocks (a smaller dtype then buys more blocks).
     pkv::KVDtype kv_dtype = pkv::KVDtype::kF32;
-    double kv_cache_mb = 0.0;  // 0 = use num_blocks
+    double kv_cache_mb = 0.0;   // 0 = use num_blocks
     double log_interval = 0.0;  // the engine's periodic log line; 0 = off
+};
+
+inline pkv::EngineConfig engine_config(const EngineKnobs& k) {
+    pkv::EngineConfig ec;
+    ec.num_blocks = k.num_blocks;
+    ec.block_size = k.block_size;
+    ec.enable_prefix_caching = k.prefix_caching;
+    ec.sched.max_num_seqs = k.max_num_seqs;
+    ec.sched.max_num_batched_tokens = k.max_num_batched_tokens;
+    ec.sched.max_model_len = k.max_model_len;
+    ec.sched.policy = pkv::make_policy(k.policy);
+    ec.sched.swap_space_blocks = k.policy.preemption == pkv::Preemption::kSwap ? k.swap_space_blocks : 0;
+    ec.kv_dtype = k.kv_dtype;
+    ec.kv_cache_bytes = (uint64_t)(k.kv_cache_mb * 1048576.0);
+    ec.log_interval_s = k.log_interval;
+    return ec;
+}
+
+// One engine configuration plus one synthetic workload, as a flat set of
+// knobs (the command-line flags map onto it).
+struct Setup : EngineKnobs {
     pkv::Device device = pkv::Device::kCpu;
     // The workload.
     int requests = 24, prompt_len = 32, max_tokens = 96;
@@ -69,8 +88,6 @@ struct Setup {
     // (0 = all before the first step). add_workload() ignores it.
     int arrival_interval = 0;
 };
-
-
 
 // ============================================================================
 // 2. The workload and the engine
@@ -110,25 +127,6 @@ inline std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint
     }
     ids.resize((size_t)len);
     return std::vector<int32_t>(ids.begin(), ids.end());
-}
-
-inline pkv::EngineConfig engine_config(const Setup& s) {
-    pkv::EngineConfig ec;
-    ec.num_blocks = s.num_blocks;
-    ec.block_size = s.block_size;
-    ec.enable_prefix_caching = s.prefix_caching;
-    ec.sched.max_num_seqs = s.max_num_seqs;
-    ec.sched.max_num_batched_tokens = s.max_num_batched_tokens;
-    ec.sched.max_model_len = s.max_model_len;
-    ec.sched.admission = s.admission;
-    ec.sched.max_waiting = s.max_waiting;
-    ec.sched.victim = s.victim;
-    ec.sched.preemption = s.preemption;
-    ec.sched.swap_space_blocks = s.swap_space_blocks;
-    ec.kv_dtype = s.kv_dtype;
-    ec.kv_cache_bytes = (uint64_t)(s.kv_cache_mb * 1048576.0);
-    ec.log_interval_s = s.log_interval;
-    return ec;
 }
 
 // Request i's prompt and sampling parameters. The seeds depend only on
@@ -187,12 +185,12 @@ inline void add_engine_flags(cli::Parser& p, Setup& s) {
     p.integer("--max-num-seqs", &s.max_num_seqs, 1, 1 << 16, "running requests at most");
     p.integer("--max-model-len", &s.max_model_len, 0, kMaxLen, "longest sequence; 0 = the model's context capped to the pool");
     p.on_off("--prefix-caching", &s.prefix_caching, "reuse cached blocks of identical prompt prefixes");
-    p.choice("--admission", &s.admission, {{"bet", pkv::Admission::kBet}, {"reserve", pkv::Admission::kReserve}},
+    p.choice("--admission", &s.policy.admission, {{"bet", pkv::Admission::kBet}, {"reserve", pkv::Admission::kReserve}},
              "page on demand, or reserve prompt + max_tokens at admission");
-    p.integer("--max-waiting", &s.max_waiting, 0, kMaxRequests, "shed load: reject while this many wait; 0 = never");
-    p.choice("--victim", &s.victim, {{"newest", pkv::Victim::kNewest}, {"oldest", pkv::Victim::kOldest}, {"fair", pkv::Victim::kFair}},
+    p.integer("--max-waiting", &s.policy.max_waiting, 0, kMaxRequests, "shed load: reject while this many wait; 0 = never");
+    p.choice("--victim", &s.policy.victim, {{"newest", pkv::Victim::kNewest}, {"oldest", pkv::Victim::kOldest}, {"fair", pkv::Victim::kFair}},
              "who is preempted when the cache runs out");
-    p.choice("--preemption", &s.preemption, {{"recompute", pkv::Preemption::kRecompute}, {"swap", pkv::Preemption::kSwap}},
+    p.choice("--preemption", &s.policy.preemption, {{"recompute", pkv::Preemption::kRecompute}, {"swap", pkv::Preemption::kSwap}},
              "what happens to a victim's KV cache");
     p.integer("--swap-space", &s.swap_space_blocks, 0, kMaxBlocks, "host swap space in blocks, for --preemption swap");
     p.choice("--kv-dtype", &s.kv_dtype, {{"f32", pkv::KVDtype::kF32}, {"f16", pkv::KVDtype::kF16}, {"int8", pkv::KVDtype::kInt8}},

@@ -220,9 +220,9 @@ inline StudyResult admission_study(const Env& env) {
         for (int i = 0; i < 2; ++i) {
             Scenario s = s0;
             s.max_num_seqs = k * b.fit;
-            s.admission = i == 0 ? pkv::Admission::kBet : pkv::Admission::kReserve;
+            s.policy.admission = i == 0 ? pkv::Admission::kBet : pkv::Admission::kReserve;
             m[i] = measure(env, s);
-            r.table.rows.push_back({std::to_string(s.max_num_seqs), pkv::to_string(s.admission), std::to_string(m[i].peak_running),
+            r.table.rows.push_back({std::to_string(s.max_num_seqs), pkv::to_string(s.policy.admission), std::to_string(m[i].peak_running),
                                     std::to_string(m[i].preemptions), std::to_string(m[i].recomputed_tokens),
                                     fmt("%.0f", m[i].useful_tok_per_s()), ms(m[i].ttft.percentile(50)), sec(m[i].makespan_s)});
         }
@@ -249,7 +249,7 @@ inline StudyResult victim_study(const Env& env) {
     Measurement m[3];
     for (int i = 0; i < 3; ++i) {
         Scenario s = b.sc;
-        s.victim = policies[i];
+        s.policy.victim = policies[i];
         m[i] = measure(env, s);
     }
     // Work completed by fixed times: a quarter, half and three quarters of
@@ -339,7 +339,7 @@ inline StudyResult preemption_study(const Env& env) {
                 std::string name = "recompute";
                 if (mode == 1) { v.prefix_caching = true; name = "recompute+prefix"; }
                 if (mode >= 2) {
-                    v.preemption = pkv::Preemption::kSwap;
+                    v.policy.preemption = pkv::Preemption::kSwap;
                     v.swap_space_blocks = mode == 2 ? (int)pkv::blocks_for_tokens(len, s.block_size) * v.traffic.requests : std::max(1, blocks / 4);
                     name = mode == 2 ? "swap" : "swap (small)";
                 }
@@ -512,7 +512,7 @@ inline StudyResult shedding_study(const Env& env) {
     Measurement m[3];
     for (int i = 0; i < 3; ++i) {
         Scenario s = base;
-        s.max_waiting = limits[i];
+        s.policy.max_waiting = limits[i];
         m[i] = measure(env, s);
         r.table.rows.push_back({limits[i] ? std::to_string(limits[i]) : "unbounded", std::to_string(m[i].requests - m[i].rejected),
                                 std::to_string(m[i].rejected), m[i].rejected ? ms(m[i].reject_latency.percentile(99)) : "-",

@@ -93,16 +93,13 @@ enum class Router { kRoundRobin, kLeastKv };
 inline const char* to_string(Router r) { return r == Router::kRoundRobin ? "round-robin" : "least-KV-usage"; }
 
 // One configuration a study runs: engine knobs (per replica) and traffic.
-struct Scenario {
+// The engine knobs are study::EngineKnobs (examples/workload.hpp), with one
+// difference: num_blocks 0 = the device's whole pool (the sim: vLLM's rule);
+// the CPU needs a number. kv_dtype is the CPU's cache type; the sim uses its
+// model's, unless kv_bytes_override.
+struct Scenario : EngineKnobs {
+    Scenario() { num_blocks = 0; }
     std::string name;
-    int num_blocks = 0;  // 0 = the device's whole pool (the sim: vLLM's rule); the CPU needs a number
-    int block_size = 16, max_num_seqs = 16, max_num_batched_tokens = 256, max_model_len = 0, max_waiting = 0;
-    bool prefix_caching = false;
-    pkv::Admission admission = pkv::Admission::kBet;
-    pkv::Victim victim = pkv::Victim::kNewest;
-    pkv::Preemption preemption = pkv::Preemption::kRecompute;
-    int swap_space_blocks = 0;
-    pkv::KVDtype kv_dtype = pkv::KVDtype::kF32;  // the CPU's cache type; the sim uses its model's, unless kv_bytes_override
     int kv_bytes_override = 0;                   // the sim: serve the KV cache with this many bytes per element (1 = FP8)
     std::string pcie;                            // the sim: this link instead of the env's ("" = the env's)
     int replicas = 1;
@@ -178,29 +175,12 @@ struct Replica {
     std::vector<int> global_id;  // [engine request id] -> request index in the traffic
 };
 
-inline pkv::EngineConfig engine_config_of(const Scenario& sc) {
-    pkv::EngineConfig ec;
-    ec.num_blocks = sc.num_blocks;
-    ec.block_size = sc.block_size;
-    ec.enable_prefix_caching = sc.prefix_caching;
-    ec.sched.max_num_seqs = sc.max_num_seqs;
-    ec.sched.max_num_batched_tokens = sc.max_num_batched_tokens;
-    ec.sched.max_model_len = sc.max_model_len;
-    ec.sched.max_waiting = sc.max_waiting;
-    ec.sched.admission = sc.admission;
-    ec.sched.victim = sc.victim;
-    ec.sched.preemption = sc.preemption;
-    ec.sched.swap_space_blocks = sc.swap_space_blocks;
-    ec.kv_dtype = sc.kv_dtype;
-    ec.log_interval_s = 0;
-    return ec;
-}
-
 // One replica: an engine on the env's device, with its own clock.
 inline Replica make_replica(const Env& env, const Scenario& sc) {
     Replica r;
     r.clock = std::make_unique<DeviceClock>();
-    pkv::EngineConfig ec = engine_config_of(sc);
+    pkv::EngineConfig ec = engine_config(sc);
+    ec.log_interval_s = 0;
     std::unique_ptr<pkv::ModelRunner> runner;
     if (env.sim()) {
         pkv::SimConfig s = env.sim_config_for(sc.pcie);

@@ -69,7 +69,7 @@ EngineRun run_engine(KVDtype dtype, int num_blocks, Preemption mode, Device devi
     ec.kv_dtype = dtype;
     ec.sched.max_num_seqs = 8;
     ec.sched.max_num_batched_tokens = 64;
-    ec.sched.preemption = mode;
+    pkv_test::use_policy(ec.sched, {.preemption = mode});
     ec.sched.swap_space_blocks = mode == Preemption::kSwap ? 200 : 0;
     ec.log_interval_s = 0;
     StepClock clock;

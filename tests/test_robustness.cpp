@@ -152,7 +152,7 @@ TEST_CASE("the door rejects bad token ids and sampling parameters; the rest runs
 // Proves configuration values that are not numbers, and calls that would corrupt state, are checked errors.
 TEST_CASE("NaN configuration and misuse are checked errors") {
     EngineConfig ec = small_config();
-    ec.sched.watermark = std::numeric_limits<double>::quiet_NaN();
+    pkv_test::use_policy(ec.sched, {.watermark = std::numeric_limits<double>::quiet_NaN()});
     CHECK_THROWS_AS(Engine(pkv_test::runner(model()), ec), std::invalid_argument);
     ec = small_config();
     ec.log_interval_s = std::numeric_limits<double>::quiet_NaN();
@@ -214,7 +214,7 @@ TEST_CASE("abort from inside on_event, for every event type") {
     };
     for (Preemption mode : {Preemption::kRecompute, Preemption::kSwap}) {
         EngineConfig ec = small_config(8, 4);
-        ec.sched.preemption = mode;
+        pkv_test::use_policy(ec.sched, {.preemption = mode});
         ec.sched.swap_space_blocks = 64;
         StepClock c0;
         Engine clean(pkv_test::runner(model()), ec, &c0);
@@ -271,7 +271,7 @@ TEST_CASE("abort from inside on_event, for every event type") {
                     CHECK(eng.request(id)->finish_reason == FinishReason::kMaxTokens);
                 }
                 CHECK(eng.pool().num_free_blocks() == eng.pool().num_blocks());
-                CHECK(eng.scheduler().swap_space().in_use() == 0);
+                CHECK(pkv_test::swap_slots_in_use(eng.scheduler()) == 0);
             }
         }
     }

@@ -5,8 +5,9 @@
 //   - preemption picks the newest running request first, victims go to the
 //     front of the waiting queue, a request may preempt itself, and nothing is
 //     admitted in a step that preempted;
-//   - with Victim::kOldest the oldest goes first, and a victim already
-//     scheduled in the step leaves it again, its tokens back in the budget;
+//   - with another victim (lab/policies.hpp, Victim::kOldest) the oldest goes
+//     first, and a victim already scheduled in the step leaves it again, its
+//     tokens back in the budget;
 //   - requests that can never run are rejected at add_request with a reason;
 //   - chunked prefill stays inside the token budget;
 //   - abort frees every block from every state;
@@ -14,12 +15,14 @@
 //   - output tokens do not depend on preemption (greedy and seeded sampling);
 //   - a randomized stress run keeps the block pool consistent after every step;
 //   - metrics agree with the event stream;
-//   - reserve admission never preempts, the watermark never starves an idle engine.
+//   - reserve admission never preempts, the watermark never starves an idle
+//     engine (both lab/policies.hpp, through scheduler.hpp's seam).
 //
 // Scheduler-only tests drive Scheduler + BlockPool directly and play the
 // engine's part themselves (simulate_step); the rest run the Engine with a tiny
 // random model and a StepClock, so every run is exactly reproducible.
 #include "engine.hpp"
+#include "lab/policies.hpp"
 
 #include <doctest/doctest.h>
 
@@ -502,7 +505,7 @@ TEST_CASE("victim oldest: the oldest running request goes first, even one schedu
         CAPTURE((int)victim);
         BlockPool pool(3, 4, false);
         SchedulerConfig cfg = sched_config(12);
-        cfg.victim = victim;
+        use_policy(cfg, {.victim = victim});
         Scheduler s(cfg, pool);
         s.add_request({10, 11}, max_tokens(8), 0);          // A: 1 block, the next position (2) still fits
         s.add_request({12, 13}, max_tokens(8), 0);          // B: the same
@@ -582,7 +585,7 @@ TEST_CASE("victim oldest: one requester can preempt several victims, oldest firs
     // with the newest request, C, wanting two blocks at once.
     BlockPool pool(5, 1, false);  // block_size 1: every token is a block
     SchedulerConfig cfg = sched_config(5);
-    cfg.victim = Victim::kOldest;
+    use_policy(cfg, {.victim = Victim::kOldest});
     Scheduler s(cfg, pool);
     run_first_step_of_abcd(s, pool);
     Request* c = s.request(2);
@@ -620,7 +623,7 @@ TEST_CASE("victim oldest: a victim's tokens are refunded to the step's budget") 
         SchedulerConfig cfg = sched_config(24);
         cfg.max_num_batched_tokens = 9;
         cfg.full_sequence_must_fit = false;
-        cfg.victim = victim;
+        use_policy(cfg, {.victim = victim});
         Scheduler s(cfg, pool);
         Request* a = s.add_request(std::vector<int32_t>(7, 5), max_tokens(8), 0);
         Request* b = s.add_request(std::vector<int32_t>(4, 6), max_tokens(8), 0);
@@ -714,7 +717,7 @@ TEST_CASE("requests that can never run are rejected at add_request") {
 TEST_CASE("max_waiting rejects the overflow as retryable") {
     StepClock clock;
     EngineConfig ec = engine_config(16, 4);
-    ec.sched.max_waiting = 2;
+    use_policy(ec.sched, {.max_waiting = 2});
     Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     Rng rng(6);
     const int a = eng.add_request(random_prompt(rng, 4), max_tokens(3));
@@ -1040,7 +1043,7 @@ TEST_CASE("outputs are identical with and without preemption") {
         EngineConfig small = ample;
         small.num_blocks = 14;
         EngineConfig reserve = small;
-        reserve.sched.admission = Admission::kReserve;
+        use_policy(reserve.sched, {.admission = Admission::kReserve});
         const RunResult ra = run_workload(w, ample);
         const RunResult rs = run_workload(w, small);
         const RunResult rr = run_workload(w, reserve);
@@ -1067,9 +1070,9 @@ TEST_CASE("victim oldest: outputs are identical to a run without preemption") {
     for_each_determinism_case([](const Workload& w, const EngineConfig& ample) {
         EngineConfig oldest = ample;
         oldest.num_blocks = 14;
-        oldest.sched.victim = Victim::kOldest;
+        use_policy(oldest.sched, {.victim = Victim::kOldest});
         EngineConfig newest = oldest;
-        newest.sched.victim = Victim::kNewest;
+        use_policy(newest.sched, {.victim = Victim::kNewest});
         const RunResult ra = run_workload(w, ample);
         const RunResult ro = run_workload(w, oldest);
         const RunResult rn = run_workload(w, newest);
@@ -1109,11 +1112,13 @@ TEST_CASE("randomized stress: invariants after every step") {
         ec.enable_prefix_caching = rng.chance(0.5);
         ec.sched.max_num_seqs = rng.uniform(1, 8);
         ec.sched.max_num_batched_tokens = rng.uniform(1, 48);
-        ec.sched.watermark = rng.chance(0.5) ? 0.0 : 0.1;
-        ec.sched.admission = rng.chance(0.3) ? Admission::kReserve : Admission::kBet;
+        PolicyConfig pol;
+        pol.watermark = rng.chance(0.5) ? 0.0 : 0.1;
+        pol.admission = rng.chance(0.3) ? Admission::kReserve : Admission::kBet;
         ec.sched.full_sequence_must_fit = rng.chance(0.5);
-        ec.sched.max_waiting = rng.chance(0.2) ? rng.uniform(1, 6) : 0;
-        ec.sched.victim = rng.chance(0.5) ? Victim::kOldest : Victim::kNewest;
+        pol.max_waiting = rng.chance(0.2) ? rng.uniform(1, 6) : 0;
+        pol.victim = rng.chance(0.5) ? Victim::kOldest : Victim::kNewest;
+        use_policy(ec.sched, pol);
         const int pool_tokens = ec.num_blocks * ec.block_size;
         if (rng.chance(0.3)) ec.sched.max_model_len = rng.uniform(2, std::min(pool_tokens, 256));
         CAPTURE(ec.block_size);
@@ -1121,11 +1126,11 @@ TEST_CASE("randomized stress: invariants after every step") {
         CAPTURE(ec.enable_prefix_caching);
         CAPTURE(ec.sched.max_num_seqs);
         CAPTURE(ec.sched.max_num_batched_tokens);
-        CAPTURE(ec.sched.watermark);
-        CAPTURE((int)ec.sched.admission);
+        CAPTURE(pol.watermark);
+        CAPTURE((int)pol.admission);
         CAPTURE(ec.sched.full_sequence_must_fit);
-        CAPTURE(ec.sched.max_waiting);
-        CAPTURE((int)ec.sched.victim);
+        CAPTURE(pol.max_waiting);
+        CAPTURE((int)pol.victim);
 
         StepClock clock;
         Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
@@ -1208,7 +1213,7 @@ TEST_CASE("randomized stress: invariants after every step") {
             CHECK(n >= 1);
             CHECK(tokens_to_victims == 0);
             CHECK((int)eng.scheduler().running().size() <= ec.sched.max_num_seqs);
-            if (ec.sched.admission == Admission::kReserve) CHECK(eng.metrics().num_preemptions_total == 0);
+            if (pol.admission == Admission::kReserve) CHECK(eng.metrics().num_preemptions_total == 0);
             for (const Request* r : eng.scheduler().running()) {
                 CHECK(r->state == RequestState::kRunning);
                 CHECK((int)r->block_table.blocks.size() >= blocks_for_tokens(r->num_computed_tokens, ec.block_size));
@@ -1263,7 +1268,7 @@ TEST_CASE("randomized stress: invariants after every step") {
         CHECK(rejected_events == m.num_requests_rejected);
         total_preemptions += m.num_preemptions_total;
         workloads_with_preemption += m.num_preemptions_total > 0;
-        if (ec.sched.victim == Victim::kOldest) {
+        if (pol.victim == Victim::kOldest) {
             oldest_preemptions += m.num_preemptions_total;
             oldest_workloads_with_preemption += m.num_preemptions_total > 0;
         }
@@ -1322,7 +1327,7 @@ TEST_CASE("randomized stress: invariants after every step") {
 TEST_CASE("metrics agree with the event stream") {
     StepClock clock;
     EngineConfig ec = engine_config(12, 4);
-    ec.sched.max_waiting = 9;
+    use_policy(ec.sched, {.max_waiting = 9});
     Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
     Recorder rec;
     rec.attach(eng);
@@ -1387,7 +1392,7 @@ TEST_CASE("reserve admission never preempts and completes") {
     const Workload w = random_workload(rng, 10, 4, 12, 16, 30);
     EngineConfig ec = engine_config(16, 4);
     const RunResult bet = run_workload(w, ec);
-    ec.sched.admission = Admission::kReserve;
+    use_policy(ec.sched, {.admission = Admission::kReserve});
     const RunResult reserve = run_workload(w, ec);
     CHECK(bet.metrics.num_preemptions_total > 0);
     CHECK(reserve.metrics.num_preemptions_total == 0);
@@ -1401,7 +1406,7 @@ TEST_CASE("reserve admission never preempts and completes") {
     // The reservation itself: blocks for prompt + max_tokens at admission.
     BlockPool pool(10, 4, false);
     SchedulerConfig cfg = sched_config(40);
-    cfg.admission = Admission::kReserve;
+    use_policy(cfg, {.admission = Admission::kReserve});
     Scheduler s(cfg, pool);
     Request* a = s.add_request({1, 2, 3}, max_tokens(10), 0);  // 13 tokens: 4 blocks
     Request* b = s.add_request({4, 5}, max_tokens(39), 0);     // capped at 40: 10 blocks, must wait
@@ -1426,7 +1431,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
     SUBCASE("admission next to running requests keeps the cushion") {
         BlockPool pool(10, 4, false);
         SchedulerConfig cfg = sched_config(40);
-        cfg.watermark = 0.2;  // 2 blocks
+        use_policy(cfg, {.watermark = 0.2});  // 2 blocks
         Scheduler s(cfg, pool);
         s.add_request(std::vector<int32_t>(16, 5), max_tokens(4), 0);  // A: 4 blocks
         s.add_request(std::vector<int32_t>(16, 6), max_tokens(4), 0);  // B: 4 blocks, leaves exactly 2
@@ -1449,7 +1454,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
             CAPTURE(wm);
             BlockPool pool(10, 4, true);
             SchedulerConfig cfg = sched_config(40);
-            cfg.watermark = wm;
+            use_policy(cfg, {.watermark = wm});
             Scheduler s(cfg, pool);
             std::vector<int32_t> z_prompt(16);
             for (int i = 0; i < 16; ++i) z_prompt[i] = 3 + i;
@@ -1478,7 +1483,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
     SUBCASE("an idle engine admits a request that needs every block") {
         StepClock clock;
         EngineConfig ec = engine_config(8, 4);  // max_model_len 32
-        ec.sched.watermark = 0.5;
+        use_policy(ec.sched, {.watermark = 0.5});
         Engine eng(pkv_test::runner(tiny_model()), ec, &clock);
         Rng rng(14);
         const int big = eng.add_request(random_prompt(rng, 29), max_tokens(3));  // 32 tokens: all 8 blocks
@@ -1497,7 +1502,7 @@ TEST_CASE("watermark keeps blocks free at admission but never blocks an idle eng
         const Workload w = random_workload(rng, 8, 4, 12, 10, 30);
         EngineConfig ec = engine_config(16, 4);
         const RunResult plain = run_workload(w, ec);
-        ec.sched.watermark = 0.25;
+        use_policy(ec.sched, {.watermark = 0.25});
         const RunResult wm = run_workload(w, ec);
         for (size_t i = 0; i < w.prompts.size(); ++i) {
             CHECK(wm.reasons[i] == FinishReason::kMaxTokens);

@@ -23,6 +23,7 @@
 
 #include "lab/cost_model.hpp"
 #include "engine.hpp"
+#include "examples/workload.hpp"
 #include "lab/traffic.hpp"
 #include "lab/sim_runner.hpp"
 #include "tests/test_util.hpp"
@@ -66,15 +67,15 @@ struct Ev {
 };
 
 // How a simulated engine is built and fed (the same recipe as
-// lab/sim_scale.cpp).
-struct SimSetup {
+// lab/sim_scale.cpp): the engine knobs every program uses
+// (study::EngineKnobs), with a simulated GPU's defaults.
+struct SimSetup : study::EngineKnobs {
+    SimSetup() {
+        max_num_seqs = 256;
+        max_num_batched_tokens = 8192;
+        num_blocks = 0;  // 0 = vLLM's rule (the pool the GPU holds); else exactly this many
+    }
     std::string gpu = "h200", model = "llama-3-8b";
-    int max_num_seqs = 256, max_num_batched_tokens = 8192;
-    int num_blocks = 0;  // 0 = vLLM's rule (the pool the GPU holds); else exactly this many
-    int max_model_len = 0;
-    bool prefix_caching = false;
-    Preemption preemption = Preemption::kRecompute;
-    int swap_space_blocks = 0;
     bool check_every_step = false;  // Engine::check_invariants() after every step
     int max_steps = 200000;
 };
@@ -99,21 +100,9 @@ SimResult run_sim(const study::Traffic& traffic, const SimSetup& s) {
     sc.max_num_batched_tokens = s.max_num_batched_tokens;
     sc.max_num_seqs = s.max_num_seqs;
     auto runner = std::make_unique<SimRunner>(sc);
-    EngineConfig ec;
-    ec.block_size = 16;
+    EngineConfig ec = study::engine_config(s);
     ec.kv_dtype = kv_dtype_of(sc.model);
-    if (s.num_blocks > 0) {
-        ec.num_blocks = s.num_blocks;
-        ec.kv_cache_bytes = 0;
-    } else {
-        ec.kv_cache_bytes = runner->memory_for_kv_cache();
-    }
-    ec.enable_prefix_caching = s.prefix_caching;
-    ec.sched.max_num_seqs = s.max_num_seqs;
-    ec.sched.max_num_batched_tokens = s.max_num_batched_tokens;
-    ec.sched.max_model_len = s.max_model_len;
-    ec.sched.preemption = s.preemption;
-    ec.sched.swap_space_blocks = s.swap_space_blocks;
+    if (s.num_blocks == 0) ec.kv_cache_bytes = runner->memory_for_kv_cache();
     ec.log_interval_s = 0;
     VirtualClock clock;
     Engine eng(std::move(runner), ec, &clock);
@@ -158,7 +147,7 @@ SimResult run_sim(const study::Traffic& traffic, const SimSetup& s) {
     r.sim_seconds = clock.t;
     // Nothing leaks: every block and every swap slot is free again.
     CHECK(eng.pool().num_free_blocks() == r.num_blocks);
-    CHECK(eng.scheduler().swap_space().in_use() == 0);
+    CHECK(pkv_test::swap_slots_in_use(eng.scheduler()) == 0);
     CHECK(eng.check_invariants() == "");
     return r;
 }
@@ -323,7 +312,7 @@ TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
     SimSetup tight = ample;
     tight.num_blocks = 240;  // 3,840 token slots for up to 64 growing sequences: the pool runs dry
     SimSetup swap = tight;
-    swap.preemption = Preemption::kSwap;
+    swap.policy.preemption = Preemption::kSwap;
     swap.swap_space_blocks = 40;  // room for some victims, not all: swaps and fallbacks
     SimSetup cached = swap;
     cached.prefix_caching = true;
@@ -332,14 +321,14 @@ TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
     CHECK(a.num_blocks > 10000);
     CHECK(a.metrics.num_preemptions_total == 0);
     for (const SimSetup* s : {&tight, &swap, &cached}) {
-        const std::string mode = to_string(s->preemption);
+        const std::string mode = to_string(s->policy.preemption);
         CAPTURE(mode);
         CAPTURE(s->prefix_caching);
         const SimResult r1 = run_sim(t, *s), r2 = run_sim(t, *s);
         CHECK(r1.num_blocks == 240);
         CHECK(r1.events.size() > 20000);  // every token of 120 requests, and the preemptions
         CHECK(r1.metrics.num_preemptions_total > 0);
-        if (s->preemption == Preemption::kSwap) {
+        if (s->policy.preemption == Preemption::kSwap) {
             CHECK(r1.metrics.num_swap_outs > 0);
             CHECK(r1.metrics.num_swap_fallbacks > 0);
             CHECK(r1.metrics.swap_out_bytes > 0);
@@ -398,7 +387,7 @@ TEST_CASE("production scale: invariants after every step") {
     s.max_num_batched_tokens = 8192;
     s.max_model_len = 4096;
     s.prefix_caching = true;
-    s.preemption = Preemption::kSwap;
+    s.policy.preemption = Preemption::kSwap;
     s.swap_space_blocks = 120;  // 240 MiB: one long victim, or a few short ones
     s.check_every_step = true;
     const SimResult r = run_sim(t, s);

@@ -33,7 +33,7 @@ const Model& swap_model() {
 struct RunResult {
     std::vector<std::vector<int32_t>> tokens;  // [request] prompt + outputs
     Metrics metrics;
-    SchedulerStats stats;
+    LabPolicy::Stats stats;  // the swap policy's counters (zero under recompute)
     int max_preemptions = 0;
     // Counted from the event stream, independently of the scheduler's own
     // counters: blocks a swapped victim held when it was preempted
@@ -50,7 +50,7 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
     ec.enable_prefix_caching = prefix_caching;
     ec.sched.max_num_seqs = 8;
     ec.sched.max_num_batched_tokens = 64;
-    ec.sched.preemption = mode;
+    pkv_test::use_policy(ec.sched, {.preemption = mode});
     ec.sched.swap_space_blocks = swap_blocks;
     ec.log_interval_s = 0;
     StepClock clock;
@@ -58,7 +58,7 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
     long blocks_seen_swapped = 0;
     eng.on_event = [&](const StreamEvent& e) {
         const Request* v = eng.request(e.request_id);
-        if (e.type == EventType::kPreempted && !v->swap_slots.empty())
+        if (e.type == EventType::kPreempted && lab_policy(eng.scheduler()) && !lab_policy(eng.scheduler())->swap_slots(*v).empty())
             blocks_seen_swapped += (v->num_computed_tokens + ec.block_size - 1) / ec.block_size;
     };
     for (int i = 0; i < n; ++i) {
@@ -87,11 +87,11 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
         CHECK(eng.request(i)->finish_reason == FinishReason::kMaxTokens);
     }
     r.metrics = eng.metrics();
-    r.stats = eng.scheduler().stats();
+    if (const LabPolicy* lab = lab_policy(eng.scheduler())) r.stats = lab->stats();
     r.blocks_seen_swapped = blocks_seen_swapped;
     // Nothing leaks: every device block and every swap slot is free again.
     CHECK(eng.pool().num_free_blocks() == num_blocks);
-    CHECK(eng.scheduler().swap_space().in_use() == 0);
+    CHECK(pkv_test::swap_slots_in_use(eng.scheduler()) == 0);
     return r;
 }
 
@@ -171,11 +171,12 @@ TEST_CASE("abort of a swapped-out request frees its swap slots") {
     ec.num_blocks = 12;
     ec.block_size = 4;
     ec.sched.max_num_seqs = 8;
-    ec.sched.preemption = Preemption::kSwap;
+    pkv_test::use_policy(ec.sched, {.preemption = Preemption::kSwap});
     ec.sched.swap_space_blocks = 64;
     ec.log_interval_s = 0;
     StepClock clock;
     Engine eng(pkv_test::runner(swap_model()), ec, &clock);
+    const LabPolicy& lab = *lab_policy(eng.scheduler());
     SamplingParams sp;
     sp.max_tokens = 30;
     sp.ignore_eos = true;
@@ -183,18 +184,18 @@ TEST_CASE("abort of a swapped-out request frees its swap slots") {
     int victim = -1;
     for (int step = 0; step < 200 && victim < 0; ++step) {
         eng.step();
-        if (!eng.scheduler().swapped().empty()) victim = eng.scheduler().swapped().front()->id;
+        if (!lab.swapped().empty()) victim = lab.swapped().front()->id;
     }
     REQUIRE(victim >= 0);
-    const int held = (int)eng.request(victim)->swap_slots.size();
+    const int held = (int)lab.swap_slots(*eng.request(victim)).size();
     CHECK(held > 0);
-    const int in_use = eng.scheduler().swap_space().in_use();
+    const int in_use = lab.swap_space().in_use();
     CHECK(eng.abort(victim));
-    CHECK(eng.scheduler().swap_space().in_use() == in_use - held);
-    CHECK(eng.request(victim)->swap_slots.empty());
+    CHECK(lab.swap_space().in_use() == in_use - held);
+    CHECK(lab.swap_slots(*eng.request(victim)).empty());
     CHECK(eng.check_invariants() == "");
     eng.run_until_done();
-    CHECK(eng.scheduler().swap_space().in_use() == 0);
+    CHECK(lab.swap_space().in_use() == 0);
     CHECK(eng.pool().num_free_blocks() == 12);
 }
 

@@ -31,11 +31,21 @@
 #include "core/block_pool.hpp"
 #include "paged_kv.cuh"
 #include "examples/devices.hpp"
+#include "lab/policies.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
 #include "tiny_model/runner.hpp"
 
 namespace pkv_test {
+
+// Runs `c` with the scheduling policy `p` (lab/policies.hpp, through
+// scheduler.hpp's seam), e.g. use_policy(cfg, {.victim = pkv::Victim::kOldest}).
+inline void use_policy(pkv::SchedulerConfig& c, const pkv::PolicyConfig& p) { c.policy = pkv::make_policy(p); }
+// Host swap slots held right now (0 under a policy that never swaps).
+inline int swap_slots_in_use(const pkv::Scheduler& s) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(s);
+    return lab ? lab->swap_space().in_use() : 0;
+}
 
 // A model runner for `m` on `device` (the CPU forward by default): what an
 // Engine is built on.

@@ -142,6 +142,22 @@ struct ModelRunner {
     // (swaps and forward passes), for a runner whose time is modelled; < 0
     // for a real one. The engine advances its clock by it (Clock::advance).
     virtual double take_modelled_seconds() { return -1.0; }
+    // Refuse a configuration that cannot fit, before anything is allocated:
+    // num_blocks blocks of block_bytes for the KV cache, and swap_blocks
+    // more in host memory. The user then reads "needs 8.40 GiB, the cpu
+    // runner can give 2.00 GiB" instead of a bad_alloc or the OOM killer.
+    void check_memory(int num_blocks, uint64_t block_bytes, int swap_blocks) const {
+        const uint64_t kv = mul_sat((uint64_t)num_blocks, block_bytes), swap = mul_sat((uint64_t)swap_blocks, block_bytes);
+        const uint64_t have_kv = memory_for_kv_cache(), have_host = memory_for_swap();
+        const uint64_t need_host = add_sat(swap, kv_in_host_memory() ? kv : 0);
+        if (kv <= have_kv && need_host <= have_host) return;
+        throw std::invalid_argument(
+            "this configuration needs " + format_bytes(kv) + " of KV cache (" + std::to_string(num_blocks) + " blocks of " +
+            format_bytes(block_bytes) + ")" + (swap ? " + " + format_bytes(swap) + " of host swap space" : std::string()) + ", but " +
+            (kv > have_kv ? "the " + std::string(to_string(device())) + " runner can give the KV cache " + format_bytes(have_kv)
+                          : "this machine has " + format_bytes(have_host) + " of host memory") +
+            ": lower the number of blocks, the block size or the swap space");
+    }
     // Allocate the KV cache for `geo` and a host swap space of `swap_blocks`
     // blocks (0 = none). Called once, before the first forward.
     virtual void init_kv_cache(const KVGeometry& geo, int swap_blocks) = 0;

@@ -33,6 +33,7 @@
 
 #include "core/block_pool.hpp"
 #include "paged_kv.cuh"
+#include "lab/policies.hpp"
 #include "scheduler.hpp"
 
 namespace pkv_check {
@@ -87,6 +88,18 @@ inline std::string names(const std::vector<ScheduledRequest>& v) {
     for (const ScheduledRequest& r : v) s += (char)('A' + r.req->id);
     return s;
 }
+
+// The lab's scheduling policies (lab/policies.hpp), as exercises 5-7 use
+// them: a config that runs `p`, and what a swapping policy holds.
+inline void use_policy(SchedulerConfig& c, const PolicyConfig& p) { c.policy = make_policy(p); }
+// The scheduler's LabPolicy; under the card's (no policy object) an idle
+// one, which holds nothing and counts nothing.
+inline const LabPolicy& lab(const Scheduler& s) {
+    static const LabPolicy none(PolicyConfig{}, 0);
+    const LabPolicy* p = lab_policy(s);
+    return p ? *p : none;
+}
+inline std::string names_swapped(const Scheduler& s) { return names(lab(s).swapped()); }
 
 // The tokens each scheduled request got, in step order, e.g. "1,4".
 inline std::string counts(const std::vector<ScheduledRequest>& v) {

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
@@ -48,7 +49,7 @@ namespace {
 SchedulerConfig config(int max_model_len, Victim victim = Victim::kNewest) {
     SchedulerConfig c;
     c.max_model_len = max_model_len;
-    c.victim = victim;
+    use_policy(c, {.victim = victim});
     return c;
 }
 

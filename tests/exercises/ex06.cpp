@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
@@ -57,10 +58,10 @@ namespace {
 
 using Pairs = std::vector<std::pair<int32_t, int32_t>>;
 
-SchedulerConfig config(Preemption mode, int swap_blocks) {
+SchedulerConfig config(Preemption mode, int swap_blocks, Victim victim = Victim::kNewest) {
     SchedulerConfig c;
     c.max_model_len = 8;
-    c.preemption = mode;
+    use_policy(c, {.victim = victim, .preemption = mode});
     c.swap_space_blocks = swap_blocks;
     return c;
 }
@@ -106,10 +107,10 @@ TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
         CHECK(v->tokens.back() == 3);
         CHECK(v->block_table.blocks.empty());
         CHECK(v->num_preemptions == 1);
-        CHECK(v->swap_slots.empty());
+        CHECK(lab(s).swap_slots(*v).empty());
     }
     CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(s.stats().num_swap_outs == 0);
+    CHECK(lab(s).stats().num_swap_outs == 0);
     CHECK(out.swap_out.empty());
     CHECK(out.total_num_scheduled_tokens == 2);
     // D's and C's blocks went to A and B.
@@ -125,7 +126,7 @@ TEST_CASE("recompute victims wait at the front of the queue") {
     int32_t cb = -1, db = -1;
     SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(names(s.waiting()) == "CDE");
-    CHECK(s.swapped().empty());
+    CHECK(lab(s).swapped().empty());
 
     complete(s, out);  // A and B reach 2 tokens and finish
     REQUIRE(s.request(0)->finished());
@@ -145,13 +146,13 @@ TEST_CASE("swap keeps computed tokens and records the copies") {
     const SchedulerOutput out = two_victims(s, pool, cb, db);
     // D went first and got host slot 0, then C got slot 1.
     CHECK(out.swap_out == Pairs{{db, 0}, {cb, 1}});
-    CHECK(names(s.swapped()) == "CD");
+    CHECK(names_swapped(s) == "CD");
     CHECK(names(s.waiting()) == "E");
     CHECK(names(s.running()) == "AB");
     const Request* c = s.request(2);
     const Request* d = s.request(3);
-    CHECK(c->swap_slots == std::vector<int32_t>{1});
-    CHECK(d->swap_slots == std::vector<int32_t>{0});
+    CHECK(lab(s).swap_slots(*c) == std::vector<int32_t>{1});
+    CHECK(lab(s).swap_slots(*d) == std::vector<int32_t>{0});
     for (const Request* v : {c, d}) {
         CHECK(v->state == RequestState::kPreempted);
         CHECK(v->num_computed_tokens == 2);
@@ -160,11 +161,11 @@ TEST_CASE("swap keeps computed tokens and records the copies") {
         CHECK(v->num_preemptions == 1);
     }
     CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(s.stats().num_swap_outs == 2);
-    CHECK(s.stats().blocks_swapped_out == 2);
-    CHECK(s.stats().num_swap_fallbacks == 0);
-    CHECK(s.swap_space().num_free() == 6);
-    CHECK(s.check_swap_invariants() == "");
+    CHECK(lab(s).stats().num_swap_outs == 2);
+    CHECK(lab(s).stats().blocks_swapped_out == 2);
+    CHECK(lab(s).stats().num_swap_fallbacks == 0);
+    CHECK(lab(s).swap_space().num_free() == 6);
+    CHECK(s.policy().check_invariants(s) == "");
     CHECK(pool.num_free_blocks() == 0);  // A and B took the freed blocks
     CHECK(consistent(s, pool) == "");
 }
@@ -184,9 +185,9 @@ TEST_CASE("a swapped victim comes back with its computed tokens") {
     REQUIRE(c->block_table.blocks.size() == 2u);
     REQUIRE(d->block_table.blocks.size() == 2u);
     CHECK(out.swap_in == Pairs{{c->block_table.blocks[0], 1}, {d->block_table.blocks[0], 0}});
-    CHECK(s.swapped().empty());
-    CHECK(s.swap_space().num_free() == 8);
-    CHECK(s.check_swap_invariants() == "");
+    CHECK(lab(s).swapped().empty());
+    CHECK(lab(s).swap_space().num_free() == 8);
+    CHECK(s.policy().check_invariants(s) == "");
     CHECK(consistent(s, pool) == "");
 }
 
@@ -196,21 +197,21 @@ TEST_CASE("a victim that does not fit the swap space is recomputed") {
     int32_t cb = -1, db = -1;
     const SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(out.swap_out == Pairs{{db, 0}});
-    CHECK(names(s.swapped()) == "D");
+    CHECK(names_swapped(s) == "D");
     CHECK(names(s.waiting()) == "CE");
     const Request* c = s.request(2);
     CHECK(c->state == RequestState::kPreempted);
     CHECK(c->num_computed_tokens == 0);
     CHECK(c->num_tokens() == 3);
-    CHECK(c->swap_slots.empty());
+    CHECK(lab(s).swap_slots(*c).empty());
     CHECK(c->block_table.blocks.empty());
     CHECK(s.request(3)->num_computed_tokens == 2);
     CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(s.stats().num_swap_outs == 1);
-    CHECK(s.stats().blocks_swapped_out == 1);
-    CHECK(s.stats().num_swap_fallbacks == 1);
-    CHECK(s.swap_space().num_free() == 0);
-    CHECK(s.check_swap_invariants() == "");
+    CHECK(lab(s).stats().num_swap_outs == 1);
+    CHECK(lab(s).stats().blocks_swapped_out == 1);
+    CHECK(lab(s).stats().num_swap_fallbacks == 1);
+    CHECK(lab(s).swap_space().num_free() == 0);
+    CHECK(s.policy().check_invariants(s) == "");
     CHECK(consistent(s, pool) == "");
 }
 
@@ -220,8 +221,7 @@ TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
     // one too, and with kOldest its victim is A. A holds 3 blocks, but only
     // the first two have K/V in them: those two are copied, in logical order.
     BlockPool pool(5, 2, false);
-    SchedulerConfig cfg = config(Preemption::kSwap, 8);
-    cfg.victim = Victim::kOldest;
+    SchedulerConfig cfg = config(Preemption::kSwap, 8, Victim::kOldest);
     Scheduler s(cfg, pool);
     Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
     s.add_request({5}, tokens(3), 0);
@@ -237,26 +237,25 @@ TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
     CHECK(names(out.preempted) == "A");
     CHECK(names(out.scheduled) == "BC");
     CHECK(out.swap_out == Pairs{{a_blocks[0], 0}, {a_blocks[1], 1}});
-    CHECK(a->swap_slots == std::vector<int32_t>{0, 1});
+    CHECK(lab(s).swap_slots(*a) == std::vector<int32_t>{0, 1});
     CHECK(a->num_computed_tokens == 4);
     CHECK(a->block_table.blocks.empty());
-    CHECK(s.stats().num_swap_outs == 1);
-    CHECK(s.stats().blocks_swapped_out == 2);
-    CHECK(s.swap_space().num_free() == 6);
-    CHECK(names(s.swapped()) == "A");
+    CHECK(lab(s).stats().num_swap_outs == 1);
+    CHECK(lab(s).stats().blocks_swapped_out == 2);
+    CHECK(lab(s).swap_space().num_free() == 6);
+    CHECK(names_swapped(s) == "A");
     CHECK(pool.num_free_blocks() == 2);  // A's 3 blocks back, C took one
-    CHECK(s.check_swap_invariants() == "");
+    CHECK(s.policy().check_invariants(s) == "");
     CHECK(consistent(s, pool) == "");
 }
 
 TEST_CASE("a victim scheduled earlier in the step gives its tokens back") {
     // Block size 2, 3 blocks, budget 4 tokens a step, chunked prefill.
     BlockPool pool(3, 2, false);
-    SchedulerConfig cfg = config(Preemption::kRecompute, 0);
+    SchedulerConfig cfg = config(Preemption::kRecompute, 0, Victim::kOldest);
     cfg.max_model_len = 6;
     cfg.max_num_batched_tokens = 4;
     cfg.full_sequence_must_fit = false;
-    cfg.victim = Victim::kOldest;
     Scheduler s(cfg, pool);
     Request* a = s.add_request({1}, tokens(4), 0);
     Request* b = s.add_request({2, 3}, tokens(4), 0);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
@@ -163,7 +164,7 @@ TEST_CASE("a preempted request must fit with its outputs") {
 TEST_CASE("reserve admission allocates prompt plus max tokens capped at max model len") {
     BlockPool pool(10, 4, false);
     SchedulerConfig cfg = config(24);
-    cfg.admission = Admission::kReserve;
+    use_policy(cfg, {.admission = Admission::kReserve});
     Scheduler s(cfg, pool);
     Request* a = s.add_request(run_of(10, 3), tokens(10), 0);
     Request* b = s.add_request(run_of(20, 2), tokens(100), 0);
@@ -194,7 +195,7 @@ TEST_CASE("the watermark keeps its share of all blocks free next to running requ
         CAPTURE(wm);
         BlockPool pool(8, 4, true);  // caching on: queries are counted, nothing is hit
         SchedulerConfig cfg = config(32);
-        cfg.watermark = wm;
+        use_policy(cfg, {.watermark = wm});
         Scheduler s(cfg, pool);
         Request* a = s.add_request(run_of(10, 12), tokens(2), 0);
         Request* b = s.add_request(run_of(30, 12), tokens(2), 0);
@@ -224,7 +225,7 @@ TEST_CASE("the watermark keeps its share of all blocks free next to running requ
 TEST_CASE("the watermark never keeps a request out of an idle scheduler") {
     BlockPool pool(8, 4, false);
     SchedulerConfig cfg = config(32);
-    cfg.watermark = 0.5;
+    use_policy(cfg, {.watermark = 0.5});
     Scheduler s(cfg, pool);
     Request* a = s.add_request(run_of(10, 20), tokens(2), 0);
     Request* b = s.add_request(run_of(40, 3), tokens(2), 0);
@@ -288,7 +289,7 @@ TEST_CASE("prefix hits on free blocks count against free capacity") {
         CAPTURE(wm);
         BlockPool pool(12, 4, true);
         SchedulerConfig cfg = config(48);
-        cfg.watermark = wm;
+        use_policy(cfg, {.watermark = wm});
         Scheduler s(cfg, pool);
         Request* z = s.add_request(run_of(3, 16), tokens(1), 0);
         complete(s, s.schedule());

@@ -1,14 +1,12 @@
 // core/block_pool.hpp -- chapter 1: who owns which block of the KV cache.
 //
 // The KV cache is cut into fixed-size *blocks* of `block_size` token positions
-// (chapter 3, paged_kv.cuh, says what a block holds and where its bytes are).
-// This header is the bookkeeping on top, and nothing else: plain C++, no
-// memory of keys or values, no CUDA. It knows
-//
-//   1. the block pool: a free list that is also an LRU queue, reference
-//      counts, and an invariant checker the tests call after every step;
-//   2. prefix caching: chained block hashes, a hash -> block map, lazy eviction;
-//   3. block tables: growing a request's table, freeing it tail first.
+// (paged_kv.cuh says what a block holds and where its bytes are). This header
+// is the bookkeeping on top, and nothing else: plain C++, no keys or values,
+// no CUDA. Sections: 1. the block pool: a free list that is also an LRU
+// queue, and reference counts; 2. prefix caching: chained block hashes, a
+// hash -> block map, lazy eviction; 3. block tables: growing a request's
+// table, freeing it tail first.
 //
 // A sequence never owns contiguous memory; it owns a list of block ids, its
 // *block table*. Position p lives in logical block p / block_size, which the
@@ -18,13 +16,11 @@
 //   logical block        ---0--- | ---1--- | -2-
 //   block_table[]        [  7   ,     2   ,   5  ]
 //
-// The scheduler (chapter 2) is this header's only user in the engine: it
-// grows tables with allocate_slots(), frees them with free_blocks() and asks
-// find_cached_prefix() what a new request can skip. vLLM splits the same work
-// between block_pool.py (the free queue and the hash map) and
+// The scheduler grows tables with allocate_slots(), frees them with
+// free_blocks() and asks find_cached_prefix() what a new request can skip;
+// a simulated or swapping runner never sees this file. vLLM splits the same
+// work between block_pool.py (the free queue and the hash map) and
 // kv_cache_manager.py (tables and prefix lookup).
-//
-// Read it top to bottom; each section only uses what came before it.
 #pragma once
 
 #include <algorithm>
@@ -37,47 +33,39 @@
 
 namespace pkv {
 
-// The largest block we accept. vLLM's attention backends offer block sizes up
-// to 256 (some need a multiple of 16); a few thousand positions per block is
-// already past any use, and the bound keeps size arithmetic small.
+// The largest block we accept. vLLM's backends offer up to 256; a few
+// thousand is past any use, and the bound keeps size arithmetic small.
 constexpr int kMaxBlockSize = 4096;
 
-// Number of blocks needed to hold `num_tokens` positions: ceil(num_tokens /
-// block_size). In 64 bits, because callers add lengths that come from the
-// command line: a prompt of 2^31 - 1 tokens plus a block size must not wrap.
+// ceil(num_tokens / block_size), in 64 bits: callers add lengths from the
+// command line, and 2^31 - 1 tokens plus a block size must not wrap.
 inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
     if (block_size <= 0) throw std::invalid_argument("blocks_for_tokens: block_size must be >= 1");
     return num_tokens <= 0 ? 0 : (num_tokens + block_size - 1) / block_size;
 }
 
 // ============================================================================
-// 1. The block pool: free list = LRU queue, reference counts, invariants
+// 1. The block pool: free list = LRU queue, reference counts
 // ============================================================================
 //
-// Every physical block is in exactly one of two states:
-//   - referenced: ref_cnt > 0, held by that many block tables (more than one only
-//     when prefix caching shares a prompt prefix);
-//   - free: ref_cnt == 0 and linked into the free list.
+// Every physical block is either referenced (ref_cnt > 0: held by that many
+// block tables, more than one only when prefix caching shares a prefix) or
+// free (ref_cnt == 0, linked into the free list).
 //
-// The free list is a doubly linked list threaded *through the blocks themselves*
-// (prev/next ids inside each block), as in vLLM V1's FreeKVCacheBlockQueue. Why
-// intrusive and doubly linked? With prefix caching a free block may still hold
-// useful cached tokens; when a new request hits it, we must pull that block out
-// of the *middle* of the free list in O(1). A std::deque cannot do that.
+// The free list is doubly linked *through the blocks themselves* (prev/next
+// ids in each block), as vLLM V1's FreeKVCacheBlockQueue. Why? With prefix
+// caching a free block may still hold useful cached tokens; when a request
+// hits it, we must pull it out of the *middle* of the list in O(1).
 //
-// The list is also the eviction order. Allocation pops from the head. A freed
-// block goes to one end or the other depending on what it still holds:
-//   - a block with a prefix-cache hash (section 2) goes to the *tail*: it may
-//     be hit again, so it should be evicted last, least recently freed first
-//     (LRU among cached blocks);
-//   - a block without one (a partial tail block, or every block when prefix
-//     caching is off) goes to the *head*: it holds nothing anyone can find, so
-//     handing it out first keeps the cached blocks alive longer.
-// A request's blocks are freed tail first (last logical block first), so when
-// they are later evicted, the tail of a prompt goes before its head -- and
-// heads are what other requests share. Current vLLM V1 does the same
-// (BlockPool.free_blocks: uncached blocks prepend_n to the head, cached ones
-// append_n to the tail); earlier V1 versions appended everything to the tail.
+// The list is also the eviction order: allocation pops from the head; a
+// freed block with a prefix-cache hash (section 2) goes to the *tail*, to be
+// evicted last (LRU among cached blocks); one without (a partial block, or
+// every block when prefix caching is off) goes to the *head*: it holds
+// nothing anyone can find, so handing it out first keeps cached ones alive.
+// A request's blocks are freed last logical block first, so a prompt's tail
+// is evicted before its head, which is what other requests share. Current
+// vLLM V1 does the same (BlockPool.free_blocks); earlier V1 versions
+// appended every freed block to the tail.
 
 struct KVBlock {
     int32_t ref_cnt = 0;
@@ -224,67 +212,10 @@ public:
 
     size_t num_cached_blocks() const { return cached_.size(); }
 
-    // ---- invariants ----------------------------------------------------------
-
-    // Check the pool against the block tables that are supposed to be its only
-    // users. Returns "" when consistent, else a description of the first
-    // violation. Tests call this after every engine step.
-    //   - every block is free xor referenced (in_free_list <=> ref_cnt == 0);
-    //   - each ref_cnt equals the number of block tables holding the block;
-    //   - the free list is a well-formed chain of num_free_ distinct blocks;
-    //   - no table holds a block twice; every hash map entry points at a block
-    //     that carries that hash.
-    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& tables) const {
-        const int n = num_blocks();
-        std::vector<int> holders(n, 0);
-        std::vector<int> last_table(n, -1);  // [block] the last table seen holding it: O(blocks + table entries) in all
-        for (size_t t = 0; t < tables.size(); ++t) {
-            for (int32_t b : *tables[t]) {
-                if (b < 0 || b >= n) return "table " + std::to_string(t) + " holds invalid block " + std::to_string(b);
-                if (last_table[b] == (int)t) return "table " + std::to_string(t) + " holds block " + std::to_string(b) + " twice";
-                last_table[b] = (int)t;
-                holders[b]++;
-            }
-        }
-        for (int b = 0; b < n; ++b) {
-            const KVBlock& blk = blocks_[b];
-            if (blk.ref_cnt != holders[b])
-                return "block " + std::to_string(b) + " ref_cnt " + std::to_string(blk.ref_cnt) + " but held by " +
-                       std::to_string(holders[b]) + " tables";
-            if (blk.in_free_list != (blk.ref_cnt == 0))
-                return "block " + std::to_string(b) + " free-list membership disagrees with ref_cnt";
-        }
-        std::vector<char> seen(n, 0);
-        int count = 0;
-        int32_t prev = -1;
-        for (int32_t b = free_head_; b != -1; b = blocks_[b].next_free) {
-            if (b < 0 || b >= n || seen[b]) return "free list is corrupt (cycle or bad id) at block " + std::to_string(b);
-            if (blocks_[b].prev_free != prev) return "free list back link broken at block " + std::to_string(b);
-            if (!blocks_[b].in_free_list) return "block " + std::to_string(b) + " linked but not marked free";
-            seen[b] = 1;
-            prev = b;
-            ++count;
-        }
-        if (prev != free_tail_) return "free list tail pointer is wrong";
-        if (count != num_free_) return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(num_free_);
-        // Every hash map entry must point at a block that carries its hash.
-        // Walking the map itself chases a pointer per entry through memory
-        // (slow once tens of thousands of blocks are cached); instead each
-        // block looks up its own hash, which can account for at most one
-        // entry, so the count of blocks that find themselves equals the
-        // map's size exactly when every entry is right.
-        size_t mapped = 0;
-        for (int b = 0; b < n; ++b) {
-            if (!blocks_[b].has_hash) continue;
-            const auto it = cached_.find(blocks_[b].block_hash);
-            mapped += it != cached_.end() && it->second == b;
-        }
-        if (mapped != cached_.size())
-            for (const auto& [h, b] : cached_)  // rare: name the culprit
-                if (!blocks_[b].has_hash || blocks_[b].block_hash != h)
-                    return "hash map entry points at block " + std::to_string(b) + " without that hash";
-        return "";
-    }
+    // Read-only views for core/block_pool_check.hpp, which checks the pool
+    // against the block tables after every engine step in the tests.
+    int32_t free_list_tail() const { return free_tail_; }
+    const std::unordered_map<uint64_t, int32_t>& cached_blocks() const { return cached_; }
 
 private:
     KVBlock& checked(int32_t b, const char* what) {

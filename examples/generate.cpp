@@ -21,6 +21,7 @@
 #include "paged_kv.cuh"
 #include "examples/devices.hpp"
 #include "tiny_model/sampler.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/block_pool_check.hpp"
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
 
@@ -80,7 +81,7 @@ int run(int argc, char** argv) {
     pkv::allocate_slots(pool, tc, hits, (int)c.size());
     show("C touches its hits (unlinked, O(1)):", pool);
     std::printf("  C.block_table = %s; invariants: %s\n", list(tc.blocks).c_str(),
-                pool.check_invariants({&tc.blocks}).empty() ? "ok" : "BROKEN");
+                check_invariants(pool, {&tc.blocks}).empty() ? "ok" : "BROKEN");
     return 0;
 }
 

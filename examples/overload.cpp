@@ -29,6 +29,7 @@
 #include "engine.hpp"
 #include "examples/cli.hpp"
 #include "examples/workload.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
@@ -100,7 +101,7 @@ int run(int argc, char** argv) {
     if (show) {
         std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
                     mt.model.cfg.vocab_size);
-        std::printf("%s\n", eng.startup_summary().c_str());
+        std::printf("%s\n", study::startup_summary(eng).c_str());
         std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
                     opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs,
                     pkv::to_string(opt.policy.admission), opt.prefix_caching ? "on" : "off");

@@ -35,6 +35,7 @@
 #include "engine.hpp"
 #include "examples/devices.hpp"
 #include "examples/cli.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace study {
@@ -127,6 +128,22 @@ inline std::vector<int32_t> make_prompt(const pkv::Tokenizer& tok, int len, uint
     }
     ids.resize((size_t)len);
     return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+// vLLM's startup line, for an engine's pool. "Maximum concurrency" is pool
+// tokens / max_model_len: how many requests could each reach max_model_len
+// at once. Everything above 1.00x is the admission bet (scheduler.hpp).
+inline std::string startup_summary(pkv::Engine& eng) {
+    const pkv::EngineConfig& c = eng.config();
+    const long pool_tokens = (long)c.num_blocks * c.block_size;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB of %s, %d layers, on %s). max_model_len %d. "
+                  "Maximum concurrency for %d tokens per request: %.2fx",
+                  c.num_blocks, c.block_size, pool_tokens, (double)c.num_blocks * eng.block_bytes() / 1048576.0, pkv::to_string(c.kv_dtype),
+                  eng.model().n_layers, pkv::to_string(eng.runner().device()), c.sched.max_model_len, c.sched.max_model_len,
+                  (double)pool_tokens / c.sched.max_model_len);
+    return buf;
 }
 
 // Request i's prompt and sampling parameters. The seeds depend only on

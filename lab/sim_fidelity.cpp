@@ -61,6 +61,7 @@
 #include "lab/traffic.hpp"
 #include "examples/workload.hpp"
 #include "lab/sim_runner.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {

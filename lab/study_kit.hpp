@@ -41,6 +41,7 @@
 #include "examples/workload.hpp"
 #include "lab/sim_runner.hpp"
 #include "examples/devices.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace study {

@@ -4,7 +4,9 @@
 #   2. block_pool.hpp and scheduler.hpp pull in nothing of the CUDA shim
 #      (no cuda_shim.hpp, no <thread>, no <barrier>): the engine's bookkeeping
 #      is plain C++;
-#   3. no header defines a reserved name (a macro starting with "__" or with
+#   3. the two tiers: the reference never includes lab/ or examples/, and a
+#      reference header is at most 550 lines;
+#   4. no header defines a reserved name (a macro starting with "__" or with
 #      "_" and a capital letter): those belong to the compiler.
 # Usage: tests/check_headers.sh CXX [flags...]   (run from the repository root)
 set -u
@@ -31,8 +33,23 @@ for h in core/block_pool.hpp scheduler.hpp; do
     inc=$(printf '#include "%s"\n' "$h" | "$cxx" -std=c++20 -I. -x c++ -E -H - 2>&1 >/dev/null | grep -E 'cuda_shim\.hpp|/thread$|/barrier$|paged_kv\.cuh' || true)
     if [ -n "$inc" ]; then echo "check_headers: $h pulls in the CUDA shim or its threads:"; echo "$inc"; fail=1; fi
 done
+# The two tiers (README.md, "Layout"): the reference -- the top level, core/
+# and tiny_model/ -- never includes lab/ or examples/; outside lab/, only
+# examples/devices.hpp (the one seam where programs choose lab's fast paths
+# and policies) includes lab/ headers. Tests and tools may include anything.
+reference=$(ls *.hpp *.cuh core/*.hpp tiny_model/*.hpp tiny_model/*.cuh 2>/dev/null)
+up=$(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"(lab|examples)/' $reference || true)
+if [ -n "$up" ]; then echo "check_headers: the reference includes lab/ or examples/:"; echo "$up"; fail=1; fi
+lab_users=$(grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"lab/' examples/*.hpp examples/*.cpp 2>/dev/null | grep -v '^examples/devices.hpp$' || true)
+if [ -n "$lab_users" ]; then echo "check_headers: only examples/devices.hpp may include lab/ outside lab/, not:"; echo "$lab_users"; fail=1; fi
+# A reference header is a chapter read in one sitting: at most 550 lines.
+for h in $reference; do
+    n=$(wc -l < "$h")
+    if [ "$n" -gt 550 ]; then echo "check_headers: $h has $n lines; a reference header fits one sitting (<= 550)"; fail=1; fi
+done
+path_lines=$(cat core/block_pool.hpp scheduler.hpp engine.hpp | wc -l)
+echo "check_headers: the key question's reading path (core/block_pool.hpp + scheduler.hpp + engine.hpp) is $path_lines lines"
 bad=$(grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+(__|_[A-Z])' $headers || true)
 if [ -n "$bad" ]; then echo "check_headers: reserved names defined:"; echo "$bad"; fail=1; fi
-n=$(echo $headers | wc -w)
-[ $fail -eq 0 ] && echo "check_headers: $n headers compile alone; block_pool.hpp and scheduler.hpp are plain C++; no reserved names defined"
+[ $fail -eq 0 ] && echo "check_headers: $(echo $headers | wc -w) headers compile alone; block_pool.hpp and scheduler.hpp are plain C++; the reference never includes lab/ or examples/; no reserved names defined"
 exit $fail

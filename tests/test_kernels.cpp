@@ -44,6 +44,7 @@
 #include "tiny_model/forward_gpu.cuh"
 #include "tiny_model/model.hpp"
 #include "tiny_model/sampler.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 #include "tests/test_util.hpp"

@@ -40,6 +40,7 @@
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
 #include "tiny_model/sampler.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 #include "tests/test_util.hpp"
@@ -263,7 +264,7 @@ std::vector<float> paged_logits(const pkv::Model& m, const std::vector<int32_t>&
         REQUIRE(logits.size() == (size_t)V);
         std::copy(logits.begin(), logits.end(), all.begin() + (size_t)p * V);
     }
-    CHECK(pool.check_invariants({&s.table.blocks}) == "");
+    CHECK(check_invariants(pool, {&s.table.blocks}) == "");
     if (s.table.blocks.size() > 2) CHECK_FALSE(std::is_sorted(s.table.blocks.begin(), s.table.blocks.end()));
     return all;
 }
@@ -304,7 +305,7 @@ std::vector<int> greedy_paged(const pkv::Model& m, const std::vector<int>& promp
         add_chunk(b, pool, s, 1, false);
         fwd.forward(b, logits);
     }
-    CHECK(pool.check_invariants({&s.table.blocks}) == "");
+    CHECK(check_invariants(pool, {&s.table.blocks}) == "");
     return out;
 }
 
@@ -494,7 +495,7 @@ TEST_CASE("logits are batch invariant, bit for bit") {
                 std::copy_n(logits.begin() + (size_t)a_row * V, (size_t)a_n * V, mixed.begin() + (size_t)a_first * V);
             std::vector<const std::vector<int32_t>*> tables;
             for (const Seq& s : seqs) tables.push_back(&s.table.blocks);
-            CHECK(pool.check_invariants(tables) == "");
+            CHECK(check_invariants(pool, tables) == "");
         }
         REQUIRE(seqs[0].done == N);
         CHECK(batches_with_others >= 3);

@@ -56,14 +56,14 @@ Ids walk_free_list(const BlockPool& pool) {
 
 // check_invariants over plain id lists.
 std::string invariants(const BlockPool& pool, std::initializer_list<const Ids*> tables) {
-    return pool.check_invariants(std::vector<const Ids*>(tables));
+    return check_invariants(pool, std::vector<const Ids*>(tables));
 }
 
 // check_invariants over block tables.
 std::string invariants_bt(const BlockPool& pool, const std::vector<const BlockTable*>& tables) {
     std::vector<const Ids*> lists;
     for (const BlockTable* t : tables) lists.push_back(&t->blocks);
-    return pool.check_invariants(lists);
+    return check_invariants(pool, lists);
 }
 
 Ids iota_ids(int first, int count) {
@@ -146,7 +146,7 @@ TEST_CASE("fresh pool: all blocks free in id order") {
     CHECK(invariants(pool, {}) == "");
     BlockPool empty;
     CHECK(empty.kv_cache_usage_perc() == 0.0);
-    CHECK(empty.check_invariants({}) == "");
+    CHECK(check_invariants(empty, {}) == "");
 }
 
 // allocate/touch/release keep ref counts, the free count and the usage gauge

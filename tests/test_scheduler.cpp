@@ -72,7 +72,7 @@ constexpr int kTinyVocab = 40;
 // (<unk>, BOS, EOS in llama2.c vocabularies).
 std::vector<int32_t> random_prompt(Rng& rng, int n) { return random_tokens(rng, n, kTinyVocab, 3); }
 
-std::string invariants(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
+std::string invariants(const Scheduler& s, const BlockPool& pool) { return check_invariants(pool, s.all_block_tables()); }
 
 SchedulerConfig sched_config(int max_model_len) {
     SchedulerConfig c;

@@ -28,6 +28,7 @@
 
 #include "examples/workload.hpp"
 #include "tests/test_util.hpp"
+#include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {

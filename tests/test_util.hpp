@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/block_pool_check.hpp"
 #include "paged_kv.cuh"
 #include "examples/devices.hpp"
 #include "lab/policies.hpp"

@@ -2,7 +2,7 @@
 // the CPU, over a flat batch (forward_batch.hpp), reading and writing the KV
 // cache only through block tables.
 //
-// Notice what this file never sees: a request, a scheduler, a block pool. The
+// Notice what this file never uses: a request, a scheduler, a block pool. The
 // engine turns its scheduled requests into a ForwardBatch, and from then on a
 // sequence is nothing but a row of block ids.
 //

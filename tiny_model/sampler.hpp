@@ -24,9 +24,39 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace pkv {
+
+// Per-request generation settings, a small subset of vLLM's SamplingParams
+// (same default max_tokens of 16). The engine checks them at the door
+// (Engine::add_request, with check_sampling_params below): a NaN temperature
+// is a rejection, not a mystery.
+struct SamplingParams {
+    int max_tokens = 16;
+    float temperature = 0.0f;  // 0 = greedy
+    float top_p = 1.0f;        // 1 = off
+    uint64_t seed = 0;         // with (output index), the only source of randomness
+    std::vector<int32_t> stop_token_ids;  // besides EOS
+    bool ignore_eos = false;
+    // Synthetic workloads only: stop after this many output tokens, as if the
+    // model had emitted EOS there (0 = never). A random model (or the
+    // simulated GPU) never says EOS on cue, and a study of admission needs
+    // requests that end before their max_tokens, as real answers do.
+    // Admission looks only at max_tokens.
+    int stop_after_tokens = 0;
+};
+
+// "" when `p` can be sampled with, else what is wrong with it. (max_tokens is
+// the scheduler's to judge: it knows max_model_len.)
+inline std::string check_sampling_params(const SamplingParams& p) {
+    if (!(std::isfinite(p.temperature) && p.temperature >= 0.0f))
+        return "temperature must be a finite number >= 0 (0 = greedy), got " + std::to_string(p.temperature);
+    if (!std::isfinite(p.top_p)) return "top_p must be a finite number (outside (0, 1) = off)";
+    if (p.stop_after_tokens < 0) return "stop_after_tokens must be >= 0 (0 = off)";
+    return "";
+}
 
 // Index of the largest logit; the lowest index wins a tie.
 // Greedy decoding. Strict ">" gives the tie rule, as in run.c's sample_argmax,

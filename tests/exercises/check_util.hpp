@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/block_pool_check.hpp"
 #include "paged_kv.cuh"
 #include "lab/policies.hpp"
 #include "scheduler.hpp"
@@ -138,7 +139,7 @@ inline void complete(Scheduler& s, const SchedulerOutput& out) {
 
 // "" when the pool agrees with every block table the scheduler knows of
 // (reference counts, the free list, the cache), else what is wrong.
-inline std::string consistent(const Scheduler& s, const BlockPool& pool) { return pool.check_invariants(s.all_block_tables()); }
+inline std::string consistent(const Scheduler& s, const BlockPool& pool) { return check_invariants(pool, s.all_block_tables()); }
 
 // ============================================================================
 // 3. Attention problems with a dense answer

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/block_pool_check.hpp"
 #include "tests/exercises/check_util.hpp"
 
 using namespace pkv;
@@ -46,7 +47,7 @@ namespace {
 std::string consistent(const BlockPool& pool, std::vector<const BlockTable*> tables) {
     std::vector<const Ids*> lists;
     for (const BlockTable* t : tables) lists.push_back(&t->blocks);
-    return pool.check_invariants(lists);
+    return check_invariants(pool, lists);
 }
 
 // Hold all blocks, then release them in `order`: the free list becomes

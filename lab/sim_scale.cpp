@@ -35,6 +35,7 @@
 #include "examples/cli.hpp"
 #include "lab/traffic.hpp"
 #include "examples/workload.hpp"
+#include "lab/sim_engine.hpp"
 #include "lab/sim_runner.hpp"
 
 namespace {
@@ -79,26 +80,17 @@ int run(int argc, char** argv) {
              "capped so that prompt + output fits the model's context. Latencies are simulated seconds.");
     p.parse(argc, argv);
 
-    // The simulated engine, built as vLLM sizes it: the KV pool is what the
-    // GPU holds after weights and the activation reserve (cost_model.hpp section 3).
+    // The simulated engine, built as vLLM sizes it (lab/sim_engine.hpp).
     pkv::SimConfig sc = pkv::sim_config(o.gpu, o.model);
     sc.memory_utilization = o.gpu_memory_utilization;
-    sc.max_num_batched_tokens = o.max_num_batched_tokens;
-    sc.max_num_seqs = o.max_num_seqs;
-    auto runner = std::make_unique<pkv::SimRunner>(sc);
-    pkv::EngineConfig ec;
-    ec.block_size = 16;
-    ec.kv_dtype = pkv::kv_dtype_of(sc.model);
-    ec.kv_cache_bytes = runner->memory_for_kv_cache();
-    if (ec.kv_cache_bytes == 0)
-        throw std::invalid_argument("model " + o.model + " leaves no memory for a KV cache on " + o.gpu +
-                                    " at gpu-memory-utilization " + cli::number_text(o.gpu_memory_utilization));
-    ec.enable_prefix_caching = o.prefix_caching;
-    ec.sched.max_num_seqs = o.max_num_seqs;
-    ec.sched.max_num_batched_tokens = o.max_num_batched_tokens;
-    ec.log_interval_s = 0;
+    study::EngineKnobs knobs;
+    knobs.num_blocks = 0;  // vLLM's rule: what the GPU holds
+    knobs.max_num_seqs = o.max_num_seqs;
+    knobs.max_num_batched_tokens = o.max_num_batched_tokens;
+    knobs.prefix_caching = o.prefix_caching;
     pkv::VirtualClock clock;
-    pkv::Engine eng(std::move(runner), ec, &clock);
+    const std::unique_ptr<pkv::Engine> engine = study::make_sim_engine(sc, knobs, &clock);
+    pkv::Engine& eng = *engine;
 
     // The traffic: prompt + output never longer than max_model_len, so every
     // request ends by max_tokens.
@@ -172,7 +164,7 @@ int run(int argc, char** argv) {
                     o.model.c_str(), o.gpu.c_str(), o.requests, o.rate, o.max_num_seqs, o.max_num_batched_tokens,
                     o.prefix_caching ? "on" : "off", (unsigned long long)o.seed);
         std::printf("  KV pool                   %d blocks of %d tokens (%ld token slots), max_model_len %d\n",
-                    eng.config().num_blocks, ec.block_size, (long)eng.config().num_blocks * ec.block_size, ctx);
+                    eng.config().num_blocks, eng.config().block_size, (long)eng.config().num_blocks * eng.config().block_size, ctx);
         std::printf("  simulated                 %.2f s\n", sim);
         std::printf("  wall                      %.3f s (+ %.3f s planning the traffic)\n", wall, plan_wall);
         std::printf("  simulated s per wall s    %.1f\n", sim / wall);

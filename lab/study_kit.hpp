@@ -39,6 +39,7 @@
 #include "engine.hpp"
 #include "lab/traffic.hpp"
 #include "examples/workload.hpp"
+#include "lab/sim_engine.hpp"
 #include "lab/sim_runner.hpp"
 #include "examples/devices.hpp"
 #include "tiny_model/builtin.hpp"
@@ -190,8 +191,7 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         s.max_num_batched_tokens = sc.max_num_batched_tokens;
         s.max_num_seqs = sc.max_num_seqs;
         auto sr = std::make_unique<pkv::SimRunner>(s);
-        ec.kv_dtype = pkv::kv_dtype_of(s.model);
-        if (sc.num_blocks == 0) ec.kv_cache_bytes = sr->memory_for_kv_cache();
+        ec = sim_engine_config(sc, *sr);  // lab/sim_engine.hpp: vLLM's pool when num_blocks is 0
         runner = std::move(sr);
         r.clock->real = false;
     } else {

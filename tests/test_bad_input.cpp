@@ -405,17 +405,7 @@ const std::vector<FuzzFlag>& fuzz_flags() {
 }
 constexpr size_t kAlwaysGiven = 4;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using pkv_test::kSanitized;  // tests/test_util.hpp
 
 struct FuzzCase {
     std::vector<std::string> args;

@@ -23,15 +23,7 @@ using namespace pkv;
 
 namespace {
 
-const Model& dtype_model() {
-    static const Model m = [] {
-        Config c;
-        c.dim = 32; c.hidden_dim = 64; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
-        c.vocab_size = 64; c.seq_len = 512; c.shared_classifier = false;
-        return make_random_model(c, 11);
-    }();
-    return m;
-}
+const Model& dtype_model() { return pkv_test::small_engine_model(11); }  // tests/test_util.hpp
 
 // A cache of `dtype` filled through kv_store from random vectors, plus the
 // float32 cache holding exactly what kv_load reads back.

@@ -149,6 +149,10 @@ struct ContiguousRef {
         logits.resize(c.vocab_size);
     }
 
+    // rmsnorm and softmax are transcribed from run.c again here, on purpose,
+    // not called from forward_cpu.hpp and sampler.hpp: an oracle that shares
+    // the code it checks would agree with any bug in it. (matmul calls dot():
+    // run.c sums in index order, and dot()'s order is the one we promise.)
     static void rmsnorm(float* o, const float* x, const float* weight, int n) {
         float ss = 0.0f;
         for (int j = 0; j < n; ++j) ss += x[j] * x[j];

@@ -25,6 +25,7 @@
 #include "engine.hpp"
 #include "examples/workload.hpp"
 #include "lab/traffic.hpp"
+#include "lab/sim_engine.hpp"
 #include "lab/sim_runner.hpp"
 #include "tests/test_util.hpp"
 
@@ -32,19 +33,8 @@ using namespace pkv;
 
 namespace {
 
-// The sanitizer build (`make sanitize`, -O1 with ASan and UBSan) runs the
-// production-scale test on fewer requests; everything else is the same.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+// The sanitizer build runs the production-scale test on fewer requests.
+using pkv_test::kSanitized;  // tests/test_util.hpp
 
 // |a - b| <= rel * |b|: the relative tolerance the hand-worked numbers are
 // checked with (they are printed to 4 significant digits).
@@ -96,16 +86,9 @@ struct SimResult {
 // virtual clock reaches its arrival time (between steps), and an idle engine
 // jumps the clock to the next arrival.
 SimResult run_sim(const study::Traffic& traffic, const SimSetup& s) {
-    SimConfig sc = sim_config(s.gpu, s.model);
-    sc.max_num_batched_tokens = s.max_num_batched_tokens;
-    sc.max_num_seqs = s.max_num_seqs;
-    auto runner = std::make_unique<SimRunner>(sc);
-    EngineConfig ec = study::engine_config(s);
-    ec.kv_dtype = kv_dtype_of(sc.model);
-    if (s.num_blocks == 0) ec.kv_cache_bytes = runner->memory_for_kv_cache();
-    ec.log_interval_s = 0;
     VirtualClock clock;
-    Engine eng(std::move(runner), ec, &clock);
+    const std::unique_ptr<Engine> engine = study::make_sim_engine(sim_config(s.gpu, s.model), s, &clock);
+    Engine& eng = *engine;
 
     SimResult r;
     r.num_blocks = eng.config().num_blocks;
@@ -224,19 +207,9 @@ TEST_CASE("KV pool sizing follows vLLM's rule") {
     CHECK(k.num_blocks > 10000);  // tens of thousands
     CHECK(k.num_blocks < 100000);
     // The engine turns SimRunner's byte budget into the same pool.
-    SimConfig sc = sim_config("h200", "llama-3-8b");
-    sc.max_num_batched_tokens = 8192;
-    sc.max_num_seqs = 256;
-    auto runner = std::make_unique<SimRunner>(sc);
-    EngineConfig ec;
-    ec.block_size = 16;
-    ec.kv_dtype = kv_dtype_of(sc.model);
-    ec.kv_cache_bytes = runner->memory_for_kv_cache();
-    ec.sched.max_num_seqs = 256;
-    ec.sched.max_num_batched_tokens = 8192;
-    ec.log_interval_s = 0;
     VirtualClock clock;
-    Engine eng(std::move(runner), ec, &clock);
+    const std::unique_ptr<Engine> engine = study::make_sim_engine(sim_config("h200", "llama-3-8b"), SimSetup(), &clock);
+    Engine& eng = *engine;
     CHECK(eng.config().num_blocks == blocks);
     CHECK(eng.block_bytes() == 2097152u);
     CHECK(eng.config().sched.max_model_len == 8192);  // the model's context: the pool holds it many times over
@@ -433,25 +406,16 @@ TEST_CASE("simulated time is the cost model's time") {
     t.prompt = study::LengthDist::fixed(128);
     t.output = study::LengthDist::fixed(200);
     t.seed = 9;
-    SimConfig sc = sim_config("h200", "llama-3-8b");
-    sc.max_num_batched_tokens = 8192;
-    sc.max_num_seqs = 256;
-    auto runner = std::make_unique<SimRunner>(sc);
-    EngineConfig ec;
-    ec.block_size = 16;
-    ec.kv_dtype = kv_dtype_of(sc.model);
-    ec.kv_cache_bytes = runner->memory_for_kv_cache();
-    ec.sched.max_num_seqs = 256;
-    ec.sched.max_num_batched_tokens = 8192;
-    ec.log_interval_s = 0;
     VirtualClock clock;
-    Engine eng(std::move(runner), ec, &clock);
+    const std::unique_ptr<Engine> engine = study::make_sim_engine(sim_config("h200", "llama-3-8b"), SimSetup(), &clock);
+    Engine& eng = *engine;
     auto& sim = dynamic_cast<SimRunner&>(eng.runner());
     for (const auto& p : study::plan_traffic(t, eng.model().vocab_size)) eng.add_request(p.prompt, p.params);
 
     // Step 1: every prompt, in one step.
     std::vector<StepItem> prefill;
     for (int i = 0; i < 32; ++i) prefill.push_back({128, 128});
+    const SimConfig& sc = sim.config();
     const double prefill_s = step_cost(sc.model, sc.hw, sc.cost, prefill, 32, 0).total_s;
     CHECK(eng.step() == 32 * 128);
     CHECK(clock.t == prefill_s);

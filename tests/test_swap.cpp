@@ -18,17 +18,7 @@ using namespace pkv;
 
 namespace {
 
-// A small random model: fast enough for many runs, big enough to be a real
-// transformer (2 layers, GQA 2:1, head_dim 8).
-const Model& swap_model() {
-    static const Model m = [] {
-        Config c;
-        c.dim = 32; c.hidden_dim = 64; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
-        c.vocab_size = 64; c.seq_len = 512; c.shared_classifier = false;
-        return make_random_model(c, 7);
-    }();
-    return m;
-}
+const Model& swap_model() { return pkv_test::small_engine_model(7); }  // tests/test_util.hpp
 
 struct RunResult {
     std::vector<std::vector<int32_t>> tokens;  // [request] prompt + outputs

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,35 @@ inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device
     r->init_kv_cache(geo, swap_blocks);
     return r;
 }
+
+// A small random model: fast enough for many engine runs, big enough to be a
+// real transformer (2 layers, GQA 2:1, head_dim 8, vocabulary 64), one per
+// seed, built once. The swap and kv_dtype suites run on it.
+inline const pkv::Model& small_engine_model(uint64_t seed) {
+    static std::map<uint64_t, pkv::Model> models;  // never erased: references stay valid
+    auto it = models.find(seed);
+    if (it == models.end()) {
+        pkv::Config c;
+        c.dim = 32; c.hidden_dim = 64; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
+        c.vocab_size = 64; c.seq_len = 512; c.shared_classifier = false;
+        it = models.emplace(seed, pkv::make_random_model(c, seed)).first;
+    }
+    return it->second;
+}
+
+// The sanitizer build (`make sanitize`, -O1 with ASan and UBSan): a few tests
+// run smaller workloads there; everything else is the same.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
 
 // ---------------------------------------------------------------------------
 // Random test inputs

@@ -63,9 +63,11 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // every block when prefix caching is off) goes to the *head*: it holds
 // nothing anyone can find, so handing it out first keeps cached ones alive.
 // A request's blocks are freed last logical block first, so a prompt's tail
-// is evicted before its head, which is what other requests share. Current
-// vLLM V1 does the same (BlockPool.free_blocks); earlier V1 versions
-// appended every freed block to the tail.
+// is evicted before its head, which is what other requests share. vLLM V1
+// does the same (BlockPool.free_blocks, read at commit c59cb79: blocks
+// without a hash prepend_n, cached ones append_n, whatever enable_caching
+// says, so with caching off every freed block goes to the head); earlier V1
+// versions appended every freed block to the tail.
 
 struct KVBlock {
     int32_t ref_cnt = 0;
@@ -353,6 +355,9 @@ inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits
 // returns false and changes nothing when the pool cannot supply the blocks.
 inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int64_t num_tokens) {
     if (!hits.empty() && !table.blocks.empty()) throw std::logic_error("allocate_slots: prefix hits for a table that is not empty");
+    for (size_t i = 0; i < hits.size(); ++i)  // a table holds a block once (find_cached_prefix's hits always do)
+        if (std::find(hits.begin(), hits.begin() + (ptrdiff_t)i, hits[i]) != hits.begin() + (ptrdiff_t)i)
+            throw std::invalid_argument("allocate_slots: the hit list names block " + std::to_string(hits[i]) + " twice");
     // ---- exercise 4 begin: block table growth ----
     // Count what is missing: blocks_for_tokens(num_tokens) minus what the
     // table and the hits already give. Refuse (false, nothing changed) if the
@@ -386,6 +391,9 @@ inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t*
     if (!pool.prefix_caching() || table.chain_broken) return;
     const int bs = pool.block_size();
     const int num_full = num_computed / bs;
+    if (num_computed < 0 || (size_t)num_full > table.blocks.size())
+        throw std::invalid_argument("cache_full_blocks: " + std::to_string(num_computed) + " computed tokens, but the table holds " +
+                                    std::to_string(table.blocks.size()) + " blocks of " + std::to_string(bs));
     for (int i = table.num_hashed; i < num_full; ++i) {
         const int32_t* blk_tokens = tokens + (size_t)i * bs;
         uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);

@@ -62,7 +62,9 @@ inline bool to_integer(const char* s, long long lo, long long hi, long long& out
     return true;
 }
 // A finite decimal number in [lo, hi]: NaN, infinities, overflow and hex
-// ("0x10", which strtod would read as 16) are refused.
+// ("0x10", which strtod would read as 16) are refused. An underflow ("4e-320")
+// is not an overflow: strtod flags it with ERANGE too, but its value is the
+// nearest representable one, and the range decides.
 inline bool to_real(const char* s, double lo, double hi, double& out) {
     if (!s || !*s) return false;
     for (const char* c = s; *c; ++c)
@@ -70,7 +72,7 @@ inline bool to_real(const char* s, double lo, double hi, double& out) {
     errno = 0;
     char* end = nullptr;
     const double v = std::strtod(s, &end);
-    if (errno == ERANGE || end == s || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
+    if (end == s || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
     out = v;
     return true;
 }

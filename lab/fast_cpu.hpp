@@ -125,8 +125,7 @@ typedef float f32x8 __attribute__((vector_size(32)));
 // binary, and may only be called on a CPU that has AVX2 (and an operating
 // system that saves its registers), which __builtin_cpu_supports() checks at
 // run time. We choose once per process. PKV_SIMD=baseline (or avx2, avx512)
-// in the environment asks for a lower level, to compare paths; a level the
-// CPU lacks is never used.
+// in the environment asks for a lower level, to compare paths.
 enum class CpuSimd { kBaseline, kAvx2, kAvx512 };
 
 inline const char* to_string(CpuSimd s) {
@@ -151,14 +150,20 @@ inline CpuSimd cpu_simd_supported() {
 // The level in use: the best supported, or lower if PKV_SIMD says so. A
 // reference, so that a test can switch levels (never above
 // cpu_simd_supported()) and compare the bits of every path.
+// An unknown value, or a level this CPU lacks, is refused with the valid
+// ones: a typo must not quietly measure another path.
+inline CpuSimd simd_from_env(const char* env, CpuSimd best) {
+    if (!env || !*env) return best;
+    for (CpuSimd s : {CpuSimd::kBaseline, CpuSimd::kAvx2, CpuSimd::kAvx512})
+        if (std::string(env) == to_string(s)) {
+            if (s > best)
+                throw std::invalid_argument(std::string("PKV_SIMD=") + env + ", but this CPU supports at most " + to_string(best));
+            return s;
+        }
+    throw std::invalid_argument(std::string("PKV_SIMD must be baseline, avx2 or avx512 (or unset), got '") + env + "'");
+}
 inline CpuSimd& cpu_simd() {
-    static CpuSimd level = [] {
-        const CpuSimd best = cpu_simd_supported();
-        const char* env = std::getenv("PKV_SIMD");
-        for (CpuSimd s : {CpuSimd::kBaseline, CpuSimd::kAvx2, CpuSimd::kAvx512})
-            if (env && std::string(env) == to_string(s)) return std::min(s, best);
-        return best;
-    }();
+    static CpuSimd level = simd_from_env(std::getenv("PKV_SIMD"), cpu_simd_supported());
     return level;
 }
 
@@ -802,6 +807,9 @@ inline void attention_fast(float* out, const float* q, const KVView& kc, const K
 // microseconds).
 class FastCpuMath : public CpuMath {
 public:
+    // The instruction set is chosen (and PKV_SIMD checked) now, so that a bad
+    // PKV_SIMD stops the program before it serves anything.
+    FastCpuMath() { (void)cpu_simd(); }
     // Where forward() spends its time, summed over passes (zero it to start again).
     struct Profile {
         double matmul_s = 0, attention_s = 0, total_s = 0;

@@ -34,13 +34,20 @@ struct CurrentTestListener : doctest::IReporter {
 };
 REGISTER_LISTENER("pagedkv_current_test", 1, CurrentTestListener);
 
+// A 0/1 switch from the environment: unset, "" and "0" are off, "1" is on,
+// anything else a mistake we refuse (a typo must not quietly turn a failure
+// into a skip).
 bool env_set(const char* name) {
     const char* v = std::getenv(name);
-    return v && *v && std::string(v) != "0";
+    if (!v || !*v || std::string(v) == "0") return false;
+    if (std::string(v) == "1") return true;
+    std::fprintf(stderr, "[pagedkv] %s must be 0 or 1 (or unset), got '%s'\n", name, v);
+    std::exit(2);
 }
 }  // namespace
 
 int main(int argc, char** argv) {
+    const bool require_models = env_set("PAGEDKV_REQUIRE_MODELS"), require_gpu = env_set("PAGEDKV_REQUIRE_GPU");
     doctest::Context context(argc, argv);
     int status = context.run();
     if (context.shouldExit()) return status;
@@ -54,11 +61,11 @@ int main(int argc, char** argv) {
         std::printf("[pagedkv] %zu skip(s) (doctest counts these tests as passed):\n", skips.size());
         for (const auto& s : skips) std::printf("[pagedkv]   %s: %s\n", s.test.c_str(), s.why.c_str());
     }
-    if (models > 0 && env_set("PAGEDKV_REQUIRE_MODELS")) {
+    if (models > 0 && require_models) {
         std::printf("[pagedkv] FAILURE: %d skip(s) for missing model files, and PAGEDKV_REQUIRE_MODELS is set\n", models);
         status = status ? status : 1;
     }
-    if (gpu > 0 && env_set("PAGEDKV_REQUIRE_GPU")) {
+    if (gpu > 0 && require_gpu) {
         std::printf("[pagedkv] FAILURE: %d skip(s) for a missing GPU, and PAGEDKV_REQUIRE_GPU is set\n", gpu);
         status = status ? status : 1;
     }

@@ -216,6 +216,7 @@ struct Row {
     int code;            // the exit status it must give
     std::string expect;  // the meaningful part of its message, on stderr...
     bool on_stdout = false;  // ...or on stdout
+    std::string env = "";    // "NAME=value " for the program's environment
 };
 
 // Every row is a separate bad input. The file rows point at files made here.
@@ -288,6 +289,13 @@ std::vector<Row> bad_input_table(TempFiles& tmp) {
         {G, {ckpt, "-z", tok5}, 1, "tokenizer has 5 tokens but the model's vocab_size is 4"},
         {G, {ckpt, "-z", missing}, 1, "no such tokenizer file"},
         {G, {ckpt, "-z", dir}, 1, "is a directory, not a tokenizer file"},
+        // ---- the environment: a value the code does not know is refused, never ignored ----
+        {G, {"-n", "4"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got 'avx3'", false, "PKV_SIMD=avx3 "},
+        {G, {"-n", "4"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got 'AVX2'", false, "PKV_SIMD=AVX2 "},
+        {G, {"-n", "4"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got 'garbage'", false, "PKV_SIMD=garbage "},
+        {G, {"-n", "4"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got '0'", false, "PKV_SIMD=0 "},
+        {G, {"-n", "4"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got 'avx2 '", false, "PKV_SIMD='avx2 ' "},
+        {O, {"--requests", "2"}, 1, "PKV_SIMD must be baseline, avx2 or avx512 (or unset), got 'avx3'", false, "PKV_SIMD=avx3 "},
 
         // ---- overload: flags, range-checked in 64 bits before narrowing ----
         {O, {"--num-blocks", "4294967297"}, 2, "--num-blocks expects an integer in 1..4194304, got '4294967297'"},  // 2^32 + 1
@@ -474,7 +482,7 @@ TEST_CASE("every bad input gets a clear message and the right exit status, quick
     int ran = 0;
     for (const Row& row : table) {
         if (!have_program(dir, row.prog, missing)) continue;
-        Process p((dir / row.prog).string(), row.args, out, err);
+        Process p((dir / row.prog).string(), row.args, out, err, 10, row.env);
         INFO(p.command());
         const Result r = p.finish();
         INFO("exit status " << r.code << ", " << r.seconds << " s\nstderr:\n" << r.err);
@@ -489,6 +497,26 @@ TEST_CASE("every bad input gets a clear message and the right exit status, quick
         ++ran;
     }
     MESSAGE(ran << " bad inputs in " << dir.string() << "; slowest " << slowest << " s: " << slowest_cmd);
+}
+
+// Proves a number too small for a double is a number, not an error: strtod
+// reports underflow with ERANGE, as it does overflow, but 4e-320 is in -t's
+// range (and rounds to a greedy temperature).
+TEST_CASE("an underflowing number is accepted, not refused as out of range") {
+    double v = -1;
+    CHECK(cli::to_real("4e-320", 0, 100, v));
+    CHECK(v > 0.0);
+    CHECK(cli::to_real("1e-400", 0, 100, v));  // below the smallest subnormal: 0
+    CHECK(v == 0.0);
+    CHECK_FALSE(cli::to_real("1e400", 0, 1e300, v));  // an overflow still is one
+    TempFiles tmp;
+    const fs::path dir = programs_dir();
+    std::set<std::string> missing;
+    if (!have_program(dir, "generate", missing)) return;
+    Process p((dir / "generate").string(), {"-t", "4e-320", "-n", "6", "-s", "1"}, tmp.path("out"), tmp.path("err"));
+    const Result r = p.finish();
+    INFO(p.command() << "\nstderr:\n" << r.err);
+    CHECK(r.code == 0);
 }
 
 // Proves that random, mostly valid overload command lines either run (and then

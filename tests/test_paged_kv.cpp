@@ -690,6 +690,36 @@ TEST_CASE("allocate_slots counts free prefix hits against capacity") {
     CHECK(invariants_bt(pool2, {&held, &c}) == "");
 }
 
+// Proves the block-table functions refuse arguments that would corrupt the
+// pool or read past a table, and change nothing when they do: a hit list
+// naming one block twice (a table would hold it twice, its ref_cnt counted
+// twice), and cache_full_blocks told of more computed tokens than the table
+// has blocks for (it indexed past the table).
+TEST_CASE("allocate_slots and cache_full_blocks refuse impossible arguments") {
+    BlockPool pool(4, 4, true);
+    const Ids toks = tokens_from(71, 12);
+    {
+        BlockTable a = prefill(pool, toks, 8);  // 2 full blocks, both cached
+        free_blocks(pool, a);
+    }
+    const Ids hits = find_cached_prefix(pool, toks.data(), 12);
+    REQUIRE(hits.size() == 2u);
+    const Ids before = walk_free_list(pool);
+    BlockTable b;
+    CHECK_THROWS_WITH_AS(allocate_slots(pool, b, {hits[0], hits[0]}, 9), doctest::Contains("names block"), std::invalid_argument);
+    CHECK(b.blocks.empty());
+    CHECK(walk_free_list(pool) == before);
+    CHECK(invariants(pool, {}) == "");
+
+    BlockTable c;
+    REQUIRE(allocate_slots(pool, c, {}, 4));  // one block
+    CHECK_THROWS_WITH_AS(cache_full_blocks(pool, c, toks.data(), 12), doctest::Contains("the table holds 1 blocks"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(cache_full_blocks(pool, c, toks.data(), -1), std::invalid_argument);
+    CHECK(c.num_hashed == 0);
+    CHECK(invariants_bt(pool, {&c}) == "");
+}
+
 // With prefix caching off nothing is ever registered or hit.
 TEST_CASE("prefix caching disabled: no hashes, no hits") {
     BlockPool pool(8, 4, false);

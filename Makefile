@@ -15,8 +15,8 @@
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
 #                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
-#   make plots      the charts the TUTORIAL shows, refreshed into lab/plots/
-#   make check-docs every command listing in TUTORIAL.md and README.md re-run and compared
+#   make plots      the charts lab/LAB.md shows, refreshed into lab/plots/
+#   make check-docs every command listing in TUTORIAL.md, lab/LAB.md and README.md re-run and compared
 #                   with what is printed there (numbers marked ~ are timing and may differ)
 #   make docs       re-run those listings and rewrite their output in place
 #   make exercises  the course kit (COURSE.md): a student copy with every exercise cut, in
@@ -99,7 +99,7 @@ bench: $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
 
 # Every study on both devices: tables on stdout, charts in build/plots/
-# (never over tracked files). `make plots` refreshes the charts the TUTORIAL
+# (never over tracked files). `make plots` refreshes the charts lab/LAB.md
 # shows, in lab/plots/, from the simulated H200 + Llama-3-8B runs.
 STUDY_NAMES := thrash admission victim preemption fixes shedding signals mechanisms kv_dtype
 studies: $(BUILD)/study
@@ -137,8 +137,9 @@ $(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels
                       $(BUILD)/obj/tests/test_kv_dtype.o $(BUILD)/obj/tests/test_swap.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-# The listings of TUTORIAL.md and README.md, re-run (tools/check_docs.cpp).
-DOC_FILES := TUTORIAL.md README.md
+# The listings of TUTORIAL.md, lab/LAB.md and README.md, re-run
+# (tools/check_docs.cpp; every page's commands run at the repository root).
+DOC_FILES := TUTORIAL.md lab/LAB.md README.md
 check-docs: all
 	./$(BUILD)/check_docs $(DOC_FILES)
 docs: all

@@ -1,5 +1,5 @@
-// core/block_pool_check.hpp -- what must always hold between the block pool
-// and the block tables that use it, checked.
+// core/block_pool_check.hpp -- chapter 1: what must always hold between the
+// block pool and the block tables that use it, checked.
 //
 // The tests (and the course kit's checks) call check_invariants after every
 // engine step of thousands of randomized workloads: a bookkeeping bug

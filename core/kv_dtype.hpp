@@ -1,4 +1,5 @@
-// core/kv_dtype.hpp -- what the bytes of a KV cache mean: its element types.
+// core/kv_dtype.hpp -- chapter 1: what the bytes of a KV cache mean, its
+// element types (lab/LAB.md chapter L4 measures the smaller ones).
 //
 // paged_kv.cuh decides *where* a key or value vector lives (slot math); this
 // header decides how its numbers are stored there. The reference attention

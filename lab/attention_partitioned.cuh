@@ -1,5 +1,6 @@
-// lab/attention_partitioned.cuh -- paged attention, partitioned ("split-KV"):
-// vLLM's paged_attention v2, built to reach a GPU's memory roof.
+// lab/attention_partitioned.cuh -- lab/LAB.md chapter L2: paged attention,
+// partitioned ("split-KV"): vLLM's paged_attention v2, built to reach a GPU's
+// memory roof.
 //
 // paged_kv.cuh's paged_attention_kernel is the one to read: one thread block
 // per (token, kv head), tiles through shared memory, barriers between steps.

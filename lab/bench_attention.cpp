@@ -1,5 +1,6 @@
-// lab/bench_attention.cpp -- how close does paged_attention get to the
-// GPU's memory bandwidth, and is every number it writes right?
+// lab/bench_attention.cpp -- lab/LAB.md chapter L2: how close does
+// paged_attention get to the GPU's memory bandwidth, and is every number it
+// writes right?
 //
 // Decode attention is memory-bound: each query token reads its whole context's
 // K and V once and does ~2 flops per byte. So the figure of merit is bytes

@@ -1,5 +1,5 @@
-// lab/bench_cpu.cpp -- how fast is the CPU forward pass, and how far is
-// it from what this machine can do right now?
+// lab/bench_cpu.cpp -- lab/LAB.md chapter L1: how fast is the CPU forward
+// pass, and how far is it from what this machine can do right now?
 //
 // A stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, ctx 256)
 // with random weights made in-process, so no file is needed. It prints:

@@ -1,5 +1,5 @@
-// lab/cost_model.hpp -- chapter 5: what one engine step costs on a GPU we do not
-// have.
+// lab/cost_model.hpp -- lab/LAB.md chapter L6: what one engine step costs on a
+// GPU we do not have.
 //
 // The earlier chapters run a real model: a tiny one, on a CPU. That proves the
 // *mechanisms* (who is preempted, what is recomputed, what a client sees), but

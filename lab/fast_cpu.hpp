@@ -1,4 +1,5 @@
-// lab/fast_cpu.hpp -- the CPU forward pass made fast, bit for bit the same.
+// lab/fast_cpu.hpp -- lab/LAB.md chapter L1: the CPU forward pass made fast,
+// bit for bit the same.
 //
 // tiny_model/forward_cpu.hpp is the forward pass to read: run.c's loops. This
 // file is where its speed comes from, and a reader may skip it. It overrides
@@ -19,7 +20,7 @@
 // same arithmetic is scheduled, never from changing it: every token comes out
 // bit-identical whatever the batch, the instruction set or the number of
 // threads (tests/test_cpu_speed.cpp checks each level this CPU has).
-// TUTORIAL.md's lab document, lab/LAB.md, measures it against run.c.
+// lab/LAB.md chapter L1 measures it against run.c.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// lab/fast_gpu.cuh -- the kernel path's fast set: the tiled GEMM and the
-// partitioned attention behind forward_gpu.cuh's seam (GpuMath).
+// lab/fast_gpu.cuh -- lab/LAB.md chapter L2: the kernel path's fast set, the
+// tiled GEMM and the partitioned attention behind forward_gpu.cuh's seam
+// (GpuMath).
 //
 // GpuRunner launches whatever GpuMath it was given; without one it runs the
 // straightforward kernels (gemm_simple, paged_kv.cuh's paged_attention).

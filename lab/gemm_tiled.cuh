@@ -1,4 +1,5 @@
-// lab/gemm_tiled.cuh -- the GPU GEMM made fast, bit for bit the same.
+// lab/gemm_tiled.cuh -- lab/LAB.md chapter L2: the GPU GEMM made fast, bit for
+// bit the same.
 //
 // tiny_model/forward_gpu.cuh's gemm_simple is the GEMM to read: one thread per
 // output row, a tile of W and x through shared memory, two barriers a tile.

@@ -1,5 +1,6 @@
-// lab/policies.hpp -- the other answers: swap, other victims, reservation, a
-// watermark and load shedding, behind scheduler.hpp's seam.
+// lab/policies.hpp -- lab/LAB.md chapter L3: the other answers: swap, other
+// victims, reservation, a watermark and load shedding, behind scheduler.hpp's
+// seam.
 //
 // scheduler.hpp answers the card's four questions one way each (newest
 // victim, recompute, the whole current sequence must fit, refuse nobody who

@@ -1,5 +1,5 @@
-// lab/sim_fidelity.cpp -- how far is the simulated GPU from reality,
-// where reality can be measured?
+// lab/sim_fidelity.cpp -- lab/LAB.md chapter L6: how far is the simulated
+// GPU from reality, where reality can be measured?
 //
 // The simulated GPU (sim_runner.hpp) replaces the forward pass by a modelled
 // duration: a roofline (cost_model.hpp section 4). We cannot check its H200

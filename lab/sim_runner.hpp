@@ -1,6 +1,6 @@
-// lab/sim_runner.hpp -- a simulated GPU: the third ModelRunner, with no weights
-// and no logits, only a modelled duration for every step (chapter 5,
-// cost_model.hpp, says how the duration is computed).
+// lab/sim_runner.hpp -- lab/LAB.md chapter L6: a simulated GPU, the third
+// ModelRunner, with no weights and no logits, only a modelled duration for
+// every step (cost_model.hpp says how the duration is computed).
 //
 // Everything above the runner is the real thing: the scheduler, the block
 // pool with its prefix cache, preemption and swap bookkeeping, the metrics and

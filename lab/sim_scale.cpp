@@ -1,4 +1,5 @@
-// lab/sim_scale.cpp -- production scale on the simulated GPU: Llama-3-8B
+// lab/sim_scale.cpp -- lab/LAB.md chapter L6: production scale on the
+// simulated GPU: Llama-3-8B
 // on an H200 (a KV pool of tens of thousands of blocks), ten thousand
 // chat-like requests arriving as a Poisson process, and how fast this
 // machine simulates it.

@@ -1,4 +1,5 @@
-// lab/studies.hpp -- every study: a short table of variants, run on one
+// lab/studies.hpp -- lab/LAB.md chapter L5 (verdicts: L7). Every study: a
+// short table of variants, run on one
 // device (this CPU, or a simulated GPU), and a conclusion computed from its
 // own numbers. Each study names the claims it tests (study_kit.hpp's list),
 // prints its evidence, and ends with a verdict per claim -- supported,

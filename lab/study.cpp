@@ -1,4 +1,5 @@
-// lab/study.cpp -- one driver for every study (lab/studies.hpp).
+// lab/study.cpp -- lab/LAB.md chapter L5: one driver for every study
+// (lab/studies.hpp).
 //
 //   build/study --list
 //   build/study NAME [--device cpu|sim] [--gpu PRESET] [--model PRESET] [--pcie PRESET]

@@ -1,4 +1,5 @@
-// lab/study_kit.hpp -- what every study shares: a device to run on (this
+// lab/study_kit.hpp -- lab/LAB.md chapter L5: what every study shares: a
+// device to run on (this
 // CPU, or a simulated GPU), a scenario (engine knobs + traffic, on one engine
 // or several behind a router), one measured run of it, and the claims and
 // verdicts a study reports. lab/studies.hpp holds the studies,

@@ -1,6 +1,6 @@
-// lab/traffic.hpp -- synthetic traffic for the studies and the simulated
-// GPU: when requests arrive, how long their prompts and outputs are, and how
-// many share a prompt prefix.
+// lab/traffic.hpp -- lab/LAB.md chapters L5 and L6: synthetic traffic for
+// the studies and the simulated GPU: when requests arrive, how long their
+// prompts and outputs are, and how many share a prompt prefix.
 //
 //   arrivals   all at once | Poisson at `rate` requests/s | bursts of `burst`
 //              requests, the bursts themselves Poisson so the mean rate is

@@ -1,5 +1,5 @@
-// tests/test_sim.cpp -- the simulated GPU (chapter 5: cost_model.hpp and
-// sim_runner.hpp).
+// tests/test_sim.cpp -- the simulated GPU (lab/LAB.md chapter L6:
+// lab/cost_model.hpp and lab/sim_runner.hpp).
 //
 // What we prove: the roofline of cost_model.hpp gives the very numbers its
 // section 5 works out by hand for a Llama-3-8B decode step on an H200; the KV

@@ -1,5 +1,5 @@
-// tiny_model/runner.hpp -- where the model runs: the ModelRunner interface the
-// engine talks to, and the CPU runner.
+// tiny_model/runner.hpp -- chapter 2: where the model runs, the ModelRunner
+// interface the engine talks to, and the CPU runner.
 //
 // The engine (engine.hpp) never touches weights or KV memory. It owns one
 // ModelRunner, hands it a flat batch each step and gets logits back; when the

@@ -1,5 +1,5 @@
-// tiny_model/sampler.hpp -- from logits to one token: greedy, temperature,
-// top-p (nucleus), as llama2.c's run.c does it.
+// tiny_model/sampler.hpp -- chapter 2: from logits to one token: greedy,
+// temperature, top-p (nucleus), as llama2.c's run.c does it.
 //
 // The one random number a sample needs (the "coin", uniform in [0,1)) is passed
 // in by the caller. That keeps where randomness comes from a caller's decision:

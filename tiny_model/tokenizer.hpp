@@ -1,5 +1,5 @@
-// tiny_model/tokenizer.hpp -- llama2.c's BPE tokenizer (tokenizer.bin) and a
-// built-in word-level vocabulary for the built-in model.
+// tiny_model/tokenizer.hpp -- chapter 2: llama2.c's BPE tokenizer
+// (tokenizer.bin) and a built-in word-level vocabulary for the built-in model.
 //
 // Encoding and decoding follow llama2.c's run.c step for step, because
 // examples/generate promises byte-identical output to run.c. Where run.c's way

@@ -1,8 +1,8 @@
-// tools/check_docs.cpp -- runs the command listings of TUTORIAL.md and README.md
-// again and says which ones no longer print what the page shows.
+// tools/check_docs.cpp -- runs the command listings of TUTORIAL.md, lab/LAB.md
+// and README.md again and says which ones no longer print what the page shows.
 //
-//   build/check_docs TUTORIAL.md README.md            check (make check-docs)
-//   build/check_docs --update TUTORIAL.md README.md   rewrite the outputs (make docs)
+//   build/check_docs TUTORIAL.md lab/LAB.md README.md            check (make check-docs)
+//   build/check_docs --update TUTORIAL.md lab/LAB.md README.md   rewrite the outputs (make docs)
 //   build/check_docs --selftest TUTORIAL.md           prove that a changed count fails
 //   build/check_docs --help
 //
@@ -53,16 +53,21 @@
 //     <!-- check-docs: needs gdb -->           SKIP, saying why, unless gdb is on PATH
 //     <!-- check-docs: needs ../shared/models/tok512.bin -->   ... unless that file exists
 //     <!-- check-docs: timeout 300 -->         seconds for the whole listing (default 120)
-// A word of `needs` with a "/" in it is a file, relative to the document's
-// folder; any other is a program looked up on PATH. Several directives go in
+// A word of `needs` with a "/" in it is a file, relative to the folder the
+// listing runs in (below); any other is a program looked up on PATH. Several directives go in
 // one comment separated by ";" (skip takes the rest of the comment).
 // Skipping is for what cannot run everywhere (a GPU) or takes too long to
 // check on every change; the reason is printed each time, so it stays honest.
 //
 // How commands run. All the commands of one listing run, in order, in one
-// `bash -c` started in the folder that holds the document (the repository
-// root for our two pages), so a listing may `cd` or set a variable in one
-// command and use it in the next, as at a terminal. Their stdout and stderr go
+// `bash -c` started in the document's project root: the nearest folder, from
+// the document's own upwards, that holds a Makefile (the repository root for
+// TUTORIAL.md and README.md, and for lab/LAB.md too), or the document's own
+// folder when none does. A page's commands are written as a reader types them
+// at the root of the project after `make` (./build/study ..., paths such as
+// ../shared/models/), wherever in the project the page sits. A listing may
+// `cd` or set a variable in one command and use it in the next, as at a
+// terminal. Their stdout and stderr go
 // to a pseudo-terminal, not a pipe, because a program behaves differently on
 // each: at a terminal C's stdio writes stdout line by line, in a pipe it holds
 // the text until its buffer fills, so there a line on stderr (generate's
@@ -416,7 +421,7 @@ struct Listing {
 
 struct Document {
     std::string path;             // as named on the command line (messages)
-    std::string run_dir;          // where the commands run: the folder of the real document
+    std::string run_dir;          // where the commands run: the real document's project root (run_dir_of)
     std::vector<std::string> lines;
     bool final_newline = true;
     std::vector<Listing> listings;
@@ -536,9 +541,24 @@ Document load_document(const std::string& path, const std::string& run_dir) {
     return parse_document(path, read_file(path), run_dir);
 }
 
-std::string folder_of(const std::string& path) {
-    const fs::path parent = fs::path(path).parent_path();
-    return parent.empty() ? std::string(".") : parent.string();
+// Where a document's listings run (and its `needs` paths are resolved): the
+// nearest folder at or above the document's own that holds a Makefile, i.e.
+// the root of the project the page belongs to; the document's own folder when
+// there is none. lab/LAB.md's commands are `./build/study ...`, typed at the
+// repository root as the tutorial's are, not from lab/.
+std::string run_dir_of(const std::string& path) {
+    std::error_code ec;
+    fs::path own = fs::path(path).parent_path();
+    if (own.empty()) own = ".";
+    fs::path dir = fs::absolute(own, ec);
+    if (ec) return own.string();
+    dir = dir.lexically_normal();
+    if (!dir.has_filename()) dir = dir.parent_path();  // "/repo/" -> "/repo"
+    for (fs::path d = dir;; d = d.parent_path()) {
+        if (fs::is_regular_file(d / "Makefile", ec)) return d.string();
+        if (d == d.root_path() || d.parent_path() == d) break;
+    }
+    return own.string();
 }
 
 // ---------------------------------------------------------------------------
@@ -1005,7 +1025,7 @@ int check_files(const Options& o) {
     const auto t0 = std::chrono::steady_clock::now();
     Tally t;
     for (const std::string& path : o.files) {
-        const Document d = load_document(path, folder_of(path));
+        const Document d = load_document(path, run_dir_of(path));
         if (o.list) {
             for (const Listing& l : d.listings) {
                 if (!picked(l, o)) continue;
@@ -1072,7 +1092,7 @@ std::pair<size_t, size_t> first_count(const std::string& line) {
 int selftest(const Options& o) {
     if (o.files.size() != 1) usage_error("--selftest takes exactly one document");
     const std::string path = o.files.front();
-    const std::string dir = folder_of(path);
+    const std::string dir = run_dir_of(path);
     const Document d = load_document(path, dir);
     // The first listing that can run here and prints a count.
     for (size_t li = 0; li < d.listings.size(); ++li) {
@@ -1132,7 +1152,8 @@ void print_help() {
         "\n"
         "Runs every listing of the Markdown files that shows a command (a line starting\n"
         "with \"$ \") with its output, in one bash per listing started in the file's\n"
-        "folder, and compares what it prints with what the page shows. In the page, \"~\"\n"
+        "project root (the nearest folder at or above the file's that holds a Makefile),\n"
+        "and compares what it prints with what the page shows. In the page, \"~\"\n"
         "before a number marks it as varying (a timing: any number matches), and a line\n"
         "that is only \"...\" stands for any number of lines. An HTML comment right above\n"
         "a listing tunes it: <!-- check-docs: skip -- REASON -->, <!-- check-docs: needs\n"
@@ -1191,7 +1212,7 @@ Options parse_args(int argc, char** argv) {
             o.files.push_back(a);
         }
     }
-    if (o.files.empty()) usage_error("name at least one Markdown file (make check-docs: TUTORIAL.md README.md)");
+    if (o.files.empty()) usage_error("name at least one Markdown file (make check-docs: TUTORIAL.md lab/LAB.md README.md)");
     if ((int)o.update + (int)o.selftest + (int)o.list > 1) usage_error("--update, --selftest and --list do not go together");
     if (o.refresh && !o.update) usage_error("--refresh goes with --update");
     for (const std::string& f : o.files) {

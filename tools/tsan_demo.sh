@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/tsan_demo.sh -- deletes one barrier from the paged-attention kernel, in a
 # copy of the sources, and shows ThreadSanitizer finding the data race that
-# follows. TUTORIAL.md chapter 10 ("A missing syncthreads()") runs it.
+# follows. TUTORIAL.md chapter 8 ("A missing syncthreads()") runs it.
 #
 #   tools/tsan_demo.sh          (from anywhere; about a minute the first time)
 #

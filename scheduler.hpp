@@ -18,7 +18,7 @@
 // TensorRT-LLM's reservation, other victims, a watermark, shedding -- plug in
 // through section 3 (lab/policies.hpp).
 //
-// Where we differ from vLLM V1 (as of late 2026) and nano-vllm:
+// Where we differ from vLLM V1 (read at commit c59cb79) and nano-vllm:
 //   - num_computed_tokens advances after the forward pass (on_computed); vLLM
 //     advances it at the end of schedule(), so the next step can be scheduled
 //     while this one runs.

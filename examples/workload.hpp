@@ -233,7 +233,8 @@ inline void check_workload(const Setup& s) {
                        " prompt tokens, more than the " + std::to_string(kMaxWorkloadTokens) + " this program builds in memory");
 }
 
-// The OpenMP threads the CPU forward pass uses (1 without OpenMP).
+// The OpenMP threads the fast CPU path (lab/fast_cpu.hpp, which --device cpu
+// runs) may use; 1 without OpenMP. The reference forward uses one.
 inline int cpu_threads() {
 #ifdef _OPENMP
     return omp_get_max_threads();

@@ -198,7 +198,14 @@ inline KVPoolSize kv_pool_size(const ModelSpec& m, double memory_bytes, double u
                       (double)max_num_seqs * m.shape.vocab_size * 4.0;
     k.kv_budget_bytes = utilization * memory_bytes - k.weight_bytes - k.reserve_bytes;
     k.block_bytes = kv_bytes_per_token(m) * block_size;
-    k.num_blocks = k.kv_budget_bytes > 0 ? (int64_t)(k.kv_budget_bytes / k.block_bytes) : 0;
+    if (!(k.block_bytes > 0))
+        throw std::invalid_argument("kv_pool_size: model " + m.name + " stores no KV bytes per token (kv_bytes " +
+                                    std::to_string(m.kv_bytes) + ", " + std::to_string(m.shape.n_kv_heads) + " kv heads)");
+    if (!(utilization > 0 && utilization <= 1))
+        throw std::invalid_argument("gpu_memory_utilization must be in (0, 1], got " + std::to_string(utilization));
+    // The budget in blocks, capped where an int64 still holds it (a pool that
+    // large is refused later, with its size, by the engine).
+    k.num_blocks = k.kv_budget_bytes > 0 ? (int64_t)std::min(k.kv_budget_bytes / k.block_bytes, 9.0e18) : 0;
     return k;
 }
 
@@ -253,8 +260,55 @@ inline Hardware hardware_of(const GpuSpec& g, const PcieSpec& p) {
     return {g.name, g.memory_bytes, g.memory_bw, g.peak_flops, 0, p.bw, g.source + "; " + p.source};
 }
 
+// ---- the doors: every number of a preset, checked where it comes in ----------
+//
+// A GPU with no memory bandwidth (or no FLOPs, or a link of 0 bytes/s) would
+// make a step infinitely long; a NaN or a negative rate would leave the
+// simulated clock at 0 for hundreds of steps. Each is refused where a preset
+// is built or handed in (SimRunner's constructor, step_cost), naming the field
+// and what would work.
+inline void require_number(double v, const std::string& field, double lo, double hi, bool lo_open) {
+    // Written so that NaN fails: every comparison with NaN is false.
+    const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+    if (!ok)
+        throw std::invalid_argument(field + " must be a finite number in " + (lo_open ? "(" : "[") + std::to_string(lo) + ", " +
+                                    std::to_string(hi) + "], got " + std::to_string(v));
+}
+// The rates step_cost divides by (the link only when something is copied).
+inline void validate_rates(const Hardware& hw, bool copies) {
+    const std::string w = "hardware " + hw.name + ": ";
+    require_number(hw.memory_bw, w + "memory_bw (bytes/s)", 0, 1e15, true);
+    require_number(hw.peak_flops, w + "peak_flops (FLOP/s)", 0, 1e18, true);
+    require_number(hw.attn_peak_flops, w + "attn_peak_flops (FLOP/s, 0 = peak_flops)", 0, 1e18, false);
+    if (copies) require_number(hw.pcie_bw, w + "pcie_bw (bytes/s)", 0, 1e13, true);
+}
+inline void validate(const Hardware& hw) {
+    validate_rates(hw, true);
+    require_number(hw.memory_bytes, "hardware " + hw.name + ": memory_bytes", 0, 1e21, true);
+}
+inline void validate(const CostParams& p) {
+    require_number(p.bw_efficiency, "cost bw_efficiency", 0, 1, true);
+    require_number(p.flops_efficiency, "cost flops_efficiency", 0, 1, true);
+    require_number(p.attn_flops_efficiency, "cost attn_flops_efficiency", 0, 1, true);
+    require_number(p.step_overhead_s, "cost step_overhead_s", 0, 3600, false);
+    require_number(p.per_token_s, "cost per_token_s", 0, 3600, false);
+    require_number(p.per_logit_s, "cost per_logit_s", 0, 3600, false);
+}
+inline void validate(const ModelSpec& m) {
+    if (std::string p = m.shape.problem(); !p.empty()) throw std::invalid_argument("model " + m.name + ": " + p);
+    // ids 0..2 are special (unk, BOS, EOS): a simulated token is one of the others.
+    if (m.shape.vocab_size < 4) throw std::invalid_argument("model " + m.name + ": vocab_size must be >= 4, got " + std::to_string(m.shape.vocab_size));
+    for (const auto& [bytes, what] : {std::pair{m.weight_bytes, "weight_bytes"}, std::pair{m.kv_bytes, "kv_bytes"}})
+        if (bytes != 1 && bytes != 2 && bytes != 4)
+            throw std::invalid_argument("model " + m.name + ": " + what + " must be 1, 2 or 4 (FP8/INT8, BF16, FP32), got " +
+                                        std::to_string(bytes));
+}
+
 inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostParams& p, const std::vector<StepItem>& items,
                           int num_logits, double swap_bytes) {
+    validate_rates(hw, swap_bytes != 0);
+    validate(p);
+    require_number(swap_bytes, "step_cost: swap_bytes", 0, 1e18, false);
     // ---- exercise 10 begin: the cost of a step ----
     // Linear layers read every weight once (the classifier only when some
     // row wants logits) and do 2 FLOPs per weight per token (per logit for

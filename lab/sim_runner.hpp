@@ -79,7 +79,12 @@ inline SimConfig sim_config(const std::string& gpu, const std::string& model, co
 class SimRunner : public ModelRunner {
 public:
     explicit SimRunner(SimConfig cfg) : cfg_(std::move(cfg)) {
-        if (std::string p = cfg_.model.shape.problem(); !p.empty()) throw std::invalid_argument("sim model " + cfg_.model.name + ": " + p);
+        validate(cfg_.model);  // cost_model.hpp's doors: every field named when it is impossible
+        validate(cfg_.hw);
+        validate(cfg_.cost);
+        require_number(cfg_.memory_utilization, "gpu_memory_utilization", 0, 1, true);
+        if (cfg_.max_num_batched_tokens < 1 || cfg_.max_num_seqs < 1)
+            throw std::invalid_argument("SimConfig: max_num_batched_tokens and max_num_seqs must be >= 1");
         const double weights = total_params(cfg_.model.shape) * cfg_.model.weight_bytes;
         if (weights > cfg_.memory_utilization * cfg_.hw.memory_bytes)
             throw std::invalid_argument("model " + cfg_.model.name + " needs " + format_bytes((uint64_t)weights) + " of weights, more than " +

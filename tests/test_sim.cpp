@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -153,6 +154,55 @@ long sum_outputs(const SimResult& r) {
 }  // namespace
 
 TEST_SUITE("sim") {
+
+// Proves every impossible number of a simulated GPU, a model or the cost
+// parameters is refused where it comes in, naming the field -- never a clock
+// at inf, or stuck at 0 for hundreds of steps, or a pool larger than the GPU:
+// zero or NaN or negative bandwidth, FLOPs and efficiencies, a zero link when
+// something is copied, an infinite step overhead, memory utilization 2.0, a
+// model without KV bytes (kv_pool_size divided by 0), a vocabulary of 3 (no
+// token left that is not special).
+TEST_CASE("impossible simulated hardware, models and costs are refused, naming the field") {
+    const SimConfig good = sim_config("h200", "llama-3-8b");
+    CHECK_NOTHROW(SimRunner{good});
+    auto refused = [](SimConfig sc, const std::string& field) {
+        INFO(field);
+        CHECK_THROWS_WITH_AS(SimRunner{sc}, doctest::Contains(field.c_str()), std::invalid_argument);
+    };
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    for (double bad : {0.0, -1.0, nan, inf}) {
+        CAPTURE(bad);
+        SimConfig a = good; a.hw.memory_bw = bad; refused(a, "memory_bw");
+        SimConfig b = good; b.hw.peak_flops = bad; refused(b, "peak_flops");
+        SimConfig c = good; c.hw.pcie_bw = bad; refused(c, "pcie_bw");
+        SimConfig d = good; d.hw.memory_bytes = bad; refused(d, "memory_bytes");
+        SimConfig e = good; e.cost.bw_efficiency = bad; refused(e, "bw_efficiency");
+        SimConfig f = good; f.cost.flops_efficiency = bad; refused(f, "flops_efficiency");
+        SimConfig g = good; g.cost.attn_flops_efficiency = bad; refused(g, "attn_flops_efficiency");
+        SimConfig h = good; h.memory_utilization = bad; refused(h, "gpu_memory_utilization");
+    }
+    SimConfig over = good; over.memory_utilization = 2.0; refused(over, "gpu_memory_utilization");
+    SimConfig slow = good; slow.cost.step_overhead_s = inf; refused(slow, "step_overhead_s");
+    SimConfig neg = good; neg.cost.per_token_s = -1e-6; refused(neg, "per_token_s");
+    SimConfig eff = good; eff.cost.bw_efficiency = 1.5; refused(eff, "bw_efficiency");
+    SimConfig nokv = good; nokv.model.kv_bytes = 0; refused(nokv, "kv_bytes");
+    SimConfig vocab = good; vocab.model.shape.vocab_size = 3; refused(vocab, "vocab_size must be >= 4");
+    // kv_pool_size alone: a model that stores nothing per token.
+    ModelSpec m = good.model;
+    m.kv_bytes = 0;
+    CHECK_THROWS_WITH_AS(kv_pool_size(m, 141e9, 0.9, 16, 8192, 256), doctest::Contains("no KV bytes"), std::invalid_argument);
+    CHECK_THROWS_AS(kv_pool_size(good.model, 141e9, 2.0, 16, 8192, 256), std::invalid_argument);
+    // step_cost, handed a zero bandwidth directly (the study code calls it so).
+    Hardware hw = good.hw;
+    hw.memory_bw = 0;
+    CHECK_THROWS_WITH_AS(step_cost(good.model, hw, good.cost, {{1, 10}}, 1, 0.0), doctest::Contains("memory_bw"), std::invalid_argument);
+    hw = good.hw;
+    hw.pcie_bw = 0;  // no link: fine until something is copied
+    CHECK(std::isfinite(step_cost(good.model, hw, good.cost, {{1, 10}}, 1, 0.0).total_s));
+    CHECK_THROWS_WITH_AS(step_cost(good.model, hw, good.cost, {{1, 10}}, 1, 4096.0), doctest::Contains("pcie_bw"), std::invalid_argument);
+    // A vocabulary of exactly 4: every simulated token is 3, never a special id.
+    for (int i = 0; i < 50; ++i) CHECK(SimRunner::sim_token(7, i, 4) == 3);
+}
 
 // Proves step_cost reproduces cost_model.hpp section 5's hand-worked Llama-3-8B decode step on an H200, phase by phase, and the model sizes it rests on.
 TEST_CASE("the worked H200 decode step of cost_model.hpp section 5") {

@@ -1,5 +1,5 @@
 // tiny_model/tokenizer.hpp -- chapter 2: llama2.c's BPE tokenizer
-// (tokenizer.bin) and a built-in word-level vocabulary for the built-in model.
+// (tokenizer.bin). The built-in model's vocabulary is tiny_model/builtin.hpp's.
 //
 // Encoding and decoding follow llama2.c's run.c step for step, because
 // examples/generate promises byte-identical output to run.c. Where run.c's way
@@ -17,8 +17,8 @@
 // "<0x00>".."<0xFF>" at ids 3..258. The score is the merge priority: of all
 // adjacent pairs, the one whose merged piece scores highest is merged first.
 //
-// Sections: the Tokenizer (load, encode, decode), the built-in vocabulary,
-// and load_model_and_tokenizer(), which the examples call.
+// One section: the Tokenizer (load, encode, decode). The built-in vocabulary
+// and load_model_and_tokenizer(), which the examples call, are builtin.hpp's.
 #pragma once
 
 #include <cctype>

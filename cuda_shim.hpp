@@ -6,20 +6,21 @@
 //   - under nvcc (__CUDACC__ defined): `launch(...)` is `kernel<<<...>>>`, device
 //     memory is cudaMalloc'd, copies are cudaMemcpy. Nothing else.
 //   - under g++/clang++: the kernels are plain C++ functions, and `launch(...)`
-//     *emulates* a launch on the CPU. Each thread block runs as blockDim real
-//     std::threads (one per CUDA thread), the block barrier is a std::barrier,
-//     and each block gets its own dynamic shared memory. Blocks run one after
-//     another. Device memory is host memory; copies are memcpy.
+//     *emulates* a launch on the CPU, on the thread that calls it. Blocks run
+//     one after another; the blockDim threads of a block run as fibers (each
+//     with its own stack, switched only where a CUDA thread waits for others:
+//     at the block barrier and at a shuffle; cuda_emulation.hpp explains
+//     why and how), and each block gets its own dynamic shared memory.
+//     Device memory is host memory; copies are memcpy.
 //
 // What the emulation models honestly: the thread/block index space, the
 // barrier, per-block shared memory, warp shuffles (shfl_xor), CUDA's launch
-// limits, and real concurrency between the threads of a block -- so a missing
-// barrier is a real data race that ThreadSanitizer reports (`make tsan`;
-// TUTORIAL.md's chapter on the CUDA path shows one). What it does not model:
-// timing, warp lockstep and scheduling, memory coalescing, bank conflicts,
-// caches, occupancy, or concurrency *between* blocks. It is for correctness and for stepping through a kernel in gdb, not
-// for speed: every barrier is a round trip through the operating system's
-// scheduler for each of the block's threads.
+// limits, and the order a barrier gives the threads of a block -- declared to
+// ThreadSanitizer, so a missing barrier is a data race that TSan reports
+// (`make tsan`; TUTORIAL.md's chapter on the CUDA path shows one). What it
+// does not model: timing, warp lockstep and scheduling, memory coalescing,
+// bank conflicts, caches, occupancy, or concurrency *between* blocks. It is
+// for correctness and for stepping through a kernel in gdb, not for speed.
 //
 // Rules our kernels follow so both worlds agree:
 //   - a kernel is written `template <class = void> PKV_KERNEL void name(...)`
@@ -47,15 +48,16 @@
 //     threads goes through shared memory and syncthreads();
 //   - every thread of a block reaches every syncthreads(). CUDA allows the
 //     barrier in conditional code only when the condition is the same for the
-//     whole block; here a thread that skips one leaves the others waiting
-//     forever, so the mistake shows up as a hang instead of as wrong numbers.
+//     whole block; here a thread that skips one makes launch() throw, naming
+//     the threads that wait and those that returned, instead of computing
+//     wrong numbers.
 //
 // Why a shim and not a second implementation: vLLM runs on CPUs through a
 // separate backend with kernels of its own. We want the opposite trade: one
 // kernel source, so that a test passing on a laptop has run the very index
 // math, tile loops and barriers that nvcc compiles. The price is speed --
-// emulation runs hundreds of times slower than our plain CPU forward (the
-// TUTORIAL measures it) -- and blindness to everything listed above as not
+// emulation runs many times slower than our plain CPU forward (the TUTORIAL
+// measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
 // Sections: 0. CUDA's launch limits (both worlds)  1. real CUDA (thin

@@ -12,9 +12,9 @@
 // concurrently) but slow, and the cost is in the wrong place: a barrier of a
 // 128-thread block puts 127 threads to sleep in the kernel (a futex wait) and
 // wakes them all again, two system calls and a trip through the OS scheduler
-// per thread per barrier, on a machine with two cores. A 40-token generation
-// of the 260K-parameter story model spent 30 s that way, almost all of it in
-// system time.
+// per thread per barrier, on a machine with two cores. A generation with the
+// 260K-parameter story model spent almost all of its time that way, as system
+// time (the TUTORIAL has the figures, before and after).
 //
 // What we do instead: the threads of a block are *fibers* -- each has its own
 // stack, but all of them run on the host thread that called launch(), one at a
@@ -29,8 +29,8 @@
 //     the loop resumes the others on its next pass. When every fiber has
 //     returned from the kernel, the block is done;
 //   - switching fibers is saving six registers and the stack pointer and
-//     loading another fiber's (section 1): a few nanoseconds and no system
-//     call. The C library's swapcontext() would also do, but it saves and
+//     loading another fiber's (section 1): a few dozen instructions and no
+//     system call. The C library's swapcontext() would also do, but it saves and
 //     restores the signal mask with a system call on every switch, which is
 //     exactly the cost we are leaving behind; it remains the fallback where we
 //     have no hand-written switch (other CPUs than x86-64);
@@ -141,14 +141,20 @@
 // A fiber is suspended in the middle of a function, with that function's
 // callers below it on the fiber's own stack. To suspend it we need to keep
 // exactly what the function-call convention says a callee must give back to
-// its caller -- on x86-64 (System V) the registers rbx, rbp, r12 to r15, the
-// stack pointer, and the SSE and x87 control words (rounding mode and the
-// like) -- because every other register is already assumed lost across a
-// call. pkv_emu_switch(&save, load) pushes those onto the current stack, stores
-// the stack pointer in *save, loads the stack pointer `load` (which another
-// pkv_emu_switch stored), pops that fiber's registers and returns: into the
-// other fiber, at the point where it once called pkv_emu_switch. That is the
-// whole context switch, about twenty instructions.
+// its caller -- on x86-64 (System V) the registers rbx, rbp, r12 to r15 and
+// the stack pointer -- because every other register is already assumed lost
+// across a call. pkv_emu_switch(&save, load) pushes those onto the current
+// stack, stores the stack pointer in *save, loads the stack pointer `load`
+// (which another pkv_emu_switch stored), pops that fiber's registers and
+// returns: into the other fiber, at the point where it once called
+// pkv_emu_switch. That is the whole context switch, fifteen instructions.
+//
+// The ABI also counts the floating-point control words (rounding mode,
+// flush-to-zero) as callee-saved, and a general-purpose switch (swapcontext,
+// boost.context) saves them too. We do not: all fibers of a host thread share
+// its floating-point environment, as the threads of a GPU share the one their
+// instructions encode (a kernel cannot change a rounding mode), and saving and
+// reloading those two words took most of the switch's time when we measured.
 //
 // A new fiber's stack is prepared to look as if it had called pkv_emu_switch
 // from pkv_emu_start (fiber_stack_init, below): the first switch to it "returns"
@@ -185,16 +191,8 @@ pkv_emu_switch:
     .cfi_adjust_cfa_offset 8
     pushq %r15
     .cfi_adjust_cfa_offset 8
-    subq $8, %rsp
-    .cfi_adjust_cfa_offset 8
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
-    .cfi_adjust_cfa_offset -8
     popq %r15
     .cfi_adjust_cfa_offset -8
     popq %r14
@@ -256,22 +254,16 @@ struct Context {
     void* sp = nullptr;  // the stack pointer pkv_emu_switch saved
 };
 inline void context_init(Context& c, unsigned char* stack_lo, size_t stack_bytes, void (*entry)()) {
-    // The 8 slots pkv_emu_switch pops, lowest first: the control words, r15,
-    // r14, r13, r12, rbx (= entry), rbp (= 0: the end of the frame chain, for
-    // unwinders that follow frame pointers), the return address (pkv_emu_start).
-    // The top is 16-byte aligned and pkv_emu_start is entered with rsp 16-byte
-    // aligned, so its call gives entry() the alignment the ABI promises.
+    // The 7 slots pkv_emu_switch pops, lowest first: r15, r14, r13, r12,
+    // rbx (= entry), rbp (= 0: the end of the frame chain, for unwinders that
+    // follow frame pointers), the return address (pkv_emu_start). The top is
+    // 16-byte aligned and pkv_emu_start is entered with rsp 16-byte aligned
+    // (top - 16), so its call gives entry() the alignment the ABI promises.
     const uintptr_t top = (reinterpret_cast<uintptr_t>(stack_lo) + stack_bytes) & ~uintptr_t(15);
-    void** sp = reinterpret_cast<void**>(top - 16 - 8 * sizeof(void*));
-    uint32_t mxcsr = 0;
-    uint16_t fpcw = 0;
-    asm volatile("stmxcsr %0" : "=m"(mxcsr));  // the new fiber starts with this thread's
-    asm volatile("fnstcw %0" : "=m"(fpcw));    // rounding modes
-    std::memset(sp, 0, 8 * sizeof(void*));
-    std::memcpy(reinterpret_cast<unsigned char*>(sp), &mxcsr, 4);
-    std::memcpy(reinterpret_cast<unsigned char*>(sp) + 4, &fpcw, 2);
-    sp[5] = reinterpret_cast<void*>(entry);
-    sp[7] = reinterpret_cast<void*>(&pkv_emu_start);
+    void** sp = reinterpret_cast<void**>(top - 16 - 7 * sizeof(void*));
+    std::memset(sp, 0, 7 * sizeof(void*));
+    sp[4] = reinterpret_cast<void*>(entry);
+    sp[6] = reinterpret_cast<void*>(&pkv_emu_start);
     c.sp = sp;
 }
 inline void context_switch(Context& from, Context& to) { pkv_emu_switch(&from.sp, to.sp); }

@@ -526,7 +526,12 @@ public:
         reserve(n);
         copy_to_device(p_, src, n * sizeof(T));
     }
-    void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+    // Any contiguous range of T with data() and size(): a std::vector, or a
+    // model's Tensor (tiny_model/model.hpp), which may be a mapped file.
+    template <class Range>
+    void upload(const Range& r) {
+        upload(r.data(), r.size());
+    }
     // Sizes are in elements. Under CUDA, download waits for every kernel
     // launched before it (one stream, section 1).
     void download(T* dst, size_t n) const { copy_to_host(dst, p_, n * sizeof(T)); }

@@ -68,8 +68,11 @@
 //   - AddressSanitizer is told about every stack switch (section 3), or it
 //     would take a throw on a fiber's stack for a corrupted stack;
 //   - gdb sees one thread, not blockDim of them; a breakpoint in a kernel
-//     stops in whichever fiber gets there, the built-ins (threadIdx, blockIdx)
-//     are those of that fiber, and a backtrace ends at the fiber's entry.
+//     stops in whichever fiber gets there first (in threadIdx order), the
+//     built-ins (threadIdx, blockIdx) are those of that fiber, and a backtrace
+//     ends at the fiber's entry. `next` over a syncthreads() works: the other
+//     fibers run through the barrier meanwhile, and gdb stops when this
+//     fiber's own frame returns from it.
 //
 // An exception must never unwind across a fiber boundary (the other side of
 // the switch is another stack: the unwinder would walk into garbage). So each
@@ -338,10 +341,12 @@ private:
 //     every departing fiber acquires it (__tsan_release / __tsan_acquire), so
 //     everything a thread did before the barrier happens before everything
 //     any thread does after it -- what syncthreads() promises, no more;
-//   - a block's start and end: the host's writes before a launch happen before
-//     every thread's start (launch arguments, uploads), every thread's end
-//     happens before the host's next step (reading results, refilling shared
-//     memory).
+//   - a launch's start and end: the host's writes before a launch happen
+//     before every thread's start (launch arguments, uploads), and every
+//     thread's end happens before the host goes on after the launch (reading
+//     results). Between the blocks of one launch we declare an order only
+//     where the host needs one, to refill shared memory; otherwise blocks stay
+//     as unordered as on a GPU, where they may run at the same time.
 //
 // The scheduler's own bookkeeping (who waits where, which fiber runs, the
 // built-ins it writes for each fiber) is shared by all fibers without any such
@@ -487,6 +492,9 @@ public:
     // fibers (created the first time a thread index is needed), their
     // built-ins, the block's barrier and the warps.
     void start_launch(dim3 block, Body body) {
+        // A kernel that launches a kernel (CUDA's dynamic parallelism) would
+        // run it on this very runner, in the middle of its own block.
+        if (current) throw std::logic_error("launch: called from inside a kernel (dynamic parallelism), which the emulation does not model");
         n_ = block.x * block.y * block.z;
         while (fibers_.size() < n_) add_fiber();
         for (unsigned tid = 0; tid < n_; ++tid) {

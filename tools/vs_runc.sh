@@ -27,10 +27,13 @@
 #        ours:     build/generate     CKPT -z tokenizer.bin -t 0 -n 256 -i "Once upon a time"
 #      and OMP_NUM_THREADS=1 for both (our thread knob: the CPU forward uses at
 #      most omp_get_max_threads() threads);
-#   5. it prints each program's median and the ratio run.c / ours (above 1:
-#      we are faster), the load average before and after, and whether the two
-#      printed the same text (greedy decoding of the same weights; run.c's
+#   5. it prints each program's median wall time and CPU time (user + system,
+#      which other work on a shared machine disturbs less), the ratios run.c /
+#      ours (above 1: we are faster), the load average before and after, and
+#      whether the two printed the same text (greedy decoding of the same weights; run.c's
 #      -Ofast may reorder sums, so a difference is possible, and said).
+# GENERATE=path times that binary instead of build/generate (to compare an
+# older build on the same footing).
 # Exit status 0 when it measured, 2 when it could not (run.c missing, a build
 # or a run failed).
 set -euo pipefail
@@ -39,6 +42,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 runs=${1:-7}
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "vs_runc: RUNS must be a positive integer, got '$runs'" >&2; exit 2; }
 llama=${LLAMA2C:-$root/build/llama2.c}
+gen=${GENERATE:-build/generate}  # another build of generate to time instead (an older one, say)
 say() { echo "vs_runc: $*"; }
 die() { echo "vs_runc: $*" >&2; exit 2; }
 
@@ -59,35 +63,39 @@ export OMP_NUM_THREADS=1
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vs_runc.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-# One timed run: wall seconds on stdout; the program's text in $work/$1.txt.
+# One timed run: "wall cpu" seconds on stdout (cpu = user + system, which
+# another process on the machine disturbs far less than wall time); the
+# program's text in $work/$1.txt.
 timed() {
-    local name=$1 t0 t1
+    local name=$1 t
     shift
-    t0=$(date +%s.%N)
-    "$@" > "$work/$name.txt" 2> "$work/$name.err" || { cat "$work/$name.err" >&2; die "$name failed"; }
-    t1=$(date +%s.%N)
-    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.6f\n", b - a }' 
+    t=$( { TIMEFORMAT='%R %U %S'; time "$@" > "$work/$name.txt" 2> "$work/$name.err"; } 2>&1 ) ||
+        { cat "$work/$name.err" >&2; die "$name failed"; }
+    awk '{ printf "%.3f %.3f\n", $1, $2 + $3 }' <<< "$t"
 }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# The median of column $1 of stdin.
+median() { awk -v c="$1" '{ print $c }' | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 say "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 timed runc "$llama/run" "${args[@]}" > /dev/null  # warm the page cache
-timed ours build/generate "${args[@]}" > /dev/null
+timed ours "$gen" "${args[@]}" > /dev/null
 : > "$work/runc.times"
 : > "$work/ours.times"
 for ((i = 1; i <= runs; i++)); do
     if ((i % 2)); then
         timed runc "$llama/run" "${args[@]}" >> "$work/runc.times"
-        timed ours build/generate "${args[@]}" >> "$work/ours.times"
+        timed ours "$gen" "${args[@]}" >> "$work/ours.times"
     else
-        timed ours build/generate "${args[@]}" >> "$work/ours.times"
+        timed ours "$gen" "${args[@]}" >> "$work/ours.times"
         timed runc "$llama/run" "${args[@]}" >> "$work/runc.times"
     fi
 done
 say "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
-r=$(median < "$work/runc.times")
-o=$(median < "$work/ours.times")
-printf 'vs_runc: run.c -Ofast     1 thread  median of %d: %.3f s  (runs: %s)\n' "$runs" "$r" "$(sort -g "$work/runc.times" | xargs printf '%.3f ')"
-printf 'vs_runc: pagedkv generate 1 thread  median of %d: %.3f s  (runs: %s)\n' "$runs" "$o" "$(sort -g "$work/ours.times" | xargs printf '%.3f ')"
-printf 'vs_runc: ratio run.c / generate = %.2fx (above 1: generate is faster over the whole run)\n' "$(awk -v a="$r" -v b="$o" 'BEGIN { print a / b }')"
+rw=$(median 1 < "$work/runc.times"); rc=$(median 2 < "$work/runc.times")
+ow=$(median 1 < "$work/ours.times"); oc=$(median 2 < "$work/ours.times")
+printf 'vs_runc: median of %d runs, 1 thread, whole run (load + 256 positions):\n' "$runs"
+printf 'vs_runc:   run.c -Ofast       wall %.3f s  cpu %.3f s  (wall: %s)\n' "$rw" "$rc" "$(awk '{ print $1 }' "$work/runc.times" | sort -g | xargs)"
+printf 'vs_runc:   pagedkv generate   wall %.3f s  cpu %.3f s  (wall: %s)\n' "$ow" "$oc" "$(awk '{ print $1 }' "$work/ours.times" | sort -g | xargs)"
+printf 'vs_runc: ratio run.c / generate: wall %.2fx, cpu %.2fx (above 1: generate is faster)\n' \
+    "$(awk -v a="$rw" -v b="$ow" 'BEGIN { print a / b }')" "$(awk -v a="$rc" -v b="$oc" 'BEGIN { print a / b }')"
 if cmp -s "$work/runc.txt" "$work/ours.txt"; then say "both printed the same text"; else say "the two printed different text (see above why that can happen)"; fi

@@ -11,6 +11,8 @@
 #   make check-headers  each header compiles alone; block_pool.hpp and scheduler.hpp
 #                   are plain C++; no reserved names defined
 #   make bench      the CPU benchmark
+#   make vs-runc    our generate against llama2.c's run.c -Ofast, whole runs on one thread,
+#                   interleaved, median of 7 (tools/vs_runc.sh; needs llama2.c in build/llama2.c)
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
 #                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
@@ -63,7 +65,7 @@ DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 
 .PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
-        exercises exercise grade kit-selftest
+        exercises exercise grade kit-selftest vs-runc
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -98,6 +100,9 @@ test: all
 
 bench: $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
+
+vs-runc:
+	tools/vs_runc.sh 7
 
 # Every study on both devices: tables on stdout, charts in build/plots/
 # (never over tracked files). `make plots` refreshes the charts lab/LAB.md

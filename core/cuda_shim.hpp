@@ -6,20 +6,21 @@
 //   - under nvcc (__CUDACC__ defined): `launch(...)` is `kernel<<<...>>>`, device
 //     memory is cudaMalloc'd, copies are cudaMemcpy. Nothing else.
 //   - under g++/clang++: the kernels are plain C++ functions, and `launch(...)`
-//     *emulates* a launch on the CPU. Each thread block runs as blockDim real
-//     std::threads (one per CUDA thread), the block barrier is a std::barrier,
-//     and each block gets its own dynamic shared memory. Blocks run one after
-//     another. Device memory is host memory; copies are memcpy.
+//     *emulates* a launch on the CPU, on the thread that calls it. Blocks run
+//     one after another; the blockDim threads of a block run as fibers (each
+//     with its own stack, switched only where a CUDA thread waits for others:
+//     at the block barrier and at a shuffle; cuda_emulation.hpp explains
+//     why and how), and each block gets its own dynamic shared memory.
+//     Device memory is host memory; copies are memcpy.
 //
 // What the emulation models honestly: the thread/block index space, the
 // barrier, per-block shared memory, warp shuffles (shfl_xor), CUDA's launch
-// limits, and real concurrency between the threads of a block -- so a missing
-// barrier is a real data race that ThreadSanitizer reports (`make tsan`;
-// TUTORIAL.md's chapter on the CUDA path shows one). What it does not model:
-// timing, warp lockstep and scheduling, memory coalescing, bank conflicts,
-// caches, occupancy, or concurrency *between* blocks. It is for correctness and for stepping through a kernel in gdb, not
-// for speed: every barrier is a round trip through the operating system's
-// scheduler for each of the block's threads.
+// limits, and the order a barrier gives the threads of a block -- declared to
+// ThreadSanitizer, so a missing barrier is a data race that TSan reports
+// (`make tsan`; TUTORIAL.md's chapter on the CUDA path shows one). What it
+// does not model: timing, warp lockstep and scheduling, memory coalescing,
+// bank conflicts, caches, occupancy, or concurrency *between* blocks. It is
+// for correctness and for stepping through a kernel in gdb, not for speed.
 //
 // Rules our kernels follow so both worlds agree:
 //   - a kernel is written `template <class = void> PKV_KERNEL void name(...)`
@@ -47,15 +48,16 @@
 //     threads goes through shared memory and syncthreads();
 //   - every thread of a block reaches every syncthreads(). CUDA allows the
 //     barrier in conditional code only when the condition is the same for the
-//     whole block; here a thread that skips one leaves the others waiting
-//     forever, so the mistake shows up as a hang instead of as wrong numbers.
+//     whole block; here a thread that skips one makes launch() throw, naming
+//     the threads that wait and those that returned, instead of computing
+//     wrong numbers.
 //
 // Why a shim and not a second implementation: vLLM runs on CPUs through a
 // separate backend with kernels of its own. We want the opposite trade: one
 // kernel source, so that a test passing on a laptop has run the very index
 // math, tile loops and barriers that nvcc compiles. The price is speed --
-// emulation runs hundreds of times slower than our plain CPU forward (the
-// TUTORIAL measures it) -- and blindness to everything listed above as not
+// emulation runs many times slower than our plain CPU forward (the TUTORIAL
+// measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
 // Sections: 0. CUDA's launch limits (both worlds)  1. real CUDA (thin
@@ -76,14 +78,9 @@
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 #else
-#include <atomic>
-#include <barrier>
-#include <exception>
 #include <type_traits>
-#include <functional>
-#include <memory>
-#include <semaphore>
-#include <thread>
+
+#include "cuda_emulation.hpp"  // the fibers that run a block's threads; dim3 and the built-ins
 #endif
 
 // Functions that both the host and a kernel call are marked PKV_HD: under
@@ -329,58 +326,28 @@ inline void copy_async(void* dst, const void* src, size_t bytes) {
 // PKV_KERNEL is empty here, so a kernel is an ordinary function template and
 // PKV_HD helpers ordinary inline functions. That is all it takes for g++ to
 // compile kernel source; the rest of this section gives those functions the
-// world they expect: built-in indices, a barrier, shared memory, a launch.
-
-// CUDA's dim3, with its defaults of 1: dim3(T) is a one-dimensional grid of T.
-// It lives in namespace pkv (CUDA's is global), which is why test_kernels.cpp
-// spells it Dim3.
-struct dim3 {
-    unsigned x = 1, y = 1, z = 1;
-    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
-
-// The built-in variables, one copy per emulated thread. On a GPU they are
-// special registers; here they are thread_local globals that launch() sets in
-// each worker before it calls the kernel, so kernel code reads threadIdx.x
-// unchanged.
-inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+// world they expect: built-in indices, a barrier, shared memory, shuffles, a
+// launch. What runs the threads of a block -- fibers on the calling thread,
+// switched at barriers -- is the subject of cuda_emulation.hpp, which also
+// defines dim3 and the built-ins (threadIdx, blockIdx, blockDim, gridDim).
+static_assert(emu::kWarpLanes == kWarpSize, "the emulation's warps are CUDA's");
 
 namespace emu {
-// What runs once each time all threads of a block have reached the barrier at
-// the end of a block: refill shared memory with 0xFF bytes for the next block.
-// Four 0xFF bytes read as a float are a NaN and as an int32 are -1, so a value
-// or an index read from shared memory nobody wrote is poisoned either way.
-struct RefillShared {
-    std::vector<unsigned char>* mem;
-    void operator()() noexcept { std::memset(mem->data(), 0xFF, mem->size()); }
-};
-inline thread_local std::barrier<>* block_barrier = nullptr;  // this block's __syncthreads
-inline thread_local unsigned char* block_shared = nullptr;    // this block's shared memory
-
-// One warp of the block, for shfl_xor: a barrier of its lanes and a mailbox
-// per lane. Two mailboxes, used in turn by successive shuffles: a lane that
-// leaves shuffle k early writes its next value into the other mailbox while
-// slower lanes still read shuffle k's, and cannot come back to this one
-// before every lane has arrived at shuffle k + 1's barrier, i.e. finished
-// reading. So one barrier per shuffle suffices.
-constexpr size_t kMailBytes = 256;  // the most one shuffle may move per lane (shfl_xor_n)
-struct Warp {
-    explicit Warp(std::ptrdiff_t n) : bar(n), lanes((int)n) {}
-    std::barrier<> bar;
-    int lanes;                                          // 32, or fewer in a partial last warp
-    alignas(16) unsigned char mail[2][32][kMailBytes];  // [parity, lane, bytes of the values]
-};
-inline thread_local Warp* warp = nullptr;       // this thread's warp
-inline thread_local unsigned lane = 0;          // its lane, threadIdx's linear index % 32
-inline thread_local unsigned shfl_parity = 0;   // which mailbox the next shuffle uses
+// This launch's shared memory: every thread of the block sees the same bytes.
+inline thread_local unsigned char* block_shared = nullptr;
 }  // namespace emu
 
 // __syncthreads(): all blockDim threads arrive before any leaves, CUDA's
 // contract. The barrier also orders memory: every write made before it is
 // visible to every thread after it, the other half of what __syncthreads()
-// promises, and the half ThreadSanitizer checks (the TUTORIAL's TSan section
-// deletes one barrier and gets its report).
-inline void syncthreads() { emu::block_barrier->arrive_and_wait(); }
+// promises, and the half ThreadSanitizer checks (cuda_emulation.hpp declares
+// it to TSan; the TUTORIAL's TSan section deletes one barrier and gets its
+// report). A thread that skips a barrier the others wait at makes launch()
+// throw, naming who waits where.
+inline void syncthreads() {
+    emu::Fiber& f = *emu::current;
+    f.runner->wait(f.runner->block_barrier());
+}
 
 template <class T>
 inline T* shared_memory() {
@@ -398,23 +365,24 @@ inline T* shared_memory() {
 // (undefined behaviour), so here it throws.
 //
 // shfl_xor_n does count shuffles of as many values in one meeting of the warp
-// (on a GPU it is simply count shuffles): every barrier of the emulation is a
-// round trip through the operating system for 32 threads, so a kernel that
-// reduces several values at once pays for one instead of count.
+// (on a GPU it is simply count shuffles): each meeting is a round of fiber
+// switches, so a kernel that reduces several values at once pays for one
+// instead of count.
 template <class T, int N>
 inline void shfl_xor_n(const T (&v)[N], T (&out)[N], int count, int lane_mask, int width = kWarpSize) {
     static_assert(std::is_trivially_copyable_v<T> && N * sizeof(T) <= emu::kMailBytes, "shfl_xor_n moves at most 256 bytes per lane");
-    emu::Warp& w = *emu::warp;
+    emu::Fiber& f = *emu::current;
+    emu::Warp& w = *f.warp;
     if (w.lanes != kWarpSize)
         throw std::logic_error("shfl_xor: the block has a partial warp (" + std::to_string(w.lanes) +
                                " lanes); a kernel that shuffles needs blockDim a multiple of 32");
     if (width < 1 || width > kWarpSize || (width & (width - 1)) != 0)
         throw std::logic_error("shfl_xor: width must be a power of two, 1..32");
     if (count < 0 || count > N) throw std::logic_error("shfl_xor_n: count out of range");
-    const unsigned me = emu::lane, p = emu::shfl_parity;
-    emu::shfl_parity ^= 1u;
+    const unsigned me = f.lane, p = w.parity[me];
+    w.parity[me] ^= 1u;
     std::memcpy(w.mail[p][me], v, (size_t)count * sizeof(T));
-    w.bar.arrive_and_wait();
+    f.runner->wait(w.bar);
     // CUDA: a partner in a later segment of `width` lanes is out of reach, and
     // the caller gets its own value back; an earlier segment is fine.
     const unsigned src = (me ^ (unsigned)lane_mask) & 31u;
@@ -446,133 +414,46 @@ void set_max_dynamic_shared_memory(void (*kernel)(KernelArgs...), size_t bytes) 
 inline bool device_available(std::string* = nullptr) { return true; }
 constexpr const char* kDeviceKind = "emulated";
 
-namespace emu {
-// The emulated threads. Creating 128 std::threads per launch would cost more
-// than most of our kernels, so worker i is created once, the first time a
-// launch needs a CUDA thread i, and then serves as thread i of every later
-// launch. Each worker waits on its own semaphore; a launch releases exactly the
-// workers it needs and waits until each has reported back. Semaphores and not
-// a condition variable because a launch of 32 threads should wake exactly
-// workers 0..31; the workers of an earlier, wider launch sleep on.
-// One launch at a time: job_ is a single pointer, so two host threads calling
-// launch() at once would race. Our engine launches only from the thread that
-// runs step().
-// Try it: `make debug`, run `build/debug/generate --device emulated` in gdb,
-// and `info threads` lists the workers: one OS thread per CUDA thread of the
-// widest block launched so far.
-class ThreadPool {
-public:
-    ~ThreadPool() {
-        stop_ = true;
-        for (auto& w : workers_) w->go.release();
-        for (auto& w : workers_) w->thread.join();
-    }
-    // Run job(i) on workers 0..n-1 concurrently; returns when all are done.
-    void run(unsigned n, const std::function<void(unsigned)>& job) {
-        while (workers_.size() < n) {
-            auto w = std::make_unique<Worker>();
-            w->thread = std::thread(&ThreadPool::loop, this, (unsigned)workers_.size(), w.get());
-            workers_.push_back(std::move(w));
-        }
-        job_ = &job;
-        for (unsigned i = 0; i < n; ++i) workers_[i]->go.release();
-        for (unsigned i = 0; i < n; ++i) done_.acquire();
-    }
-
-private:
-    struct Worker {
-        std::binary_semaphore go{0};
-        std::thread thread;
-    };
-    void loop(unsigned i, Worker* w) {
-        for (;;) {
-            w->go.acquire();
-            if (stop_) return;
-            (*job_)(i);
-            done_.release();
-        }
-    }
-    std::vector<std::unique_ptr<Worker>> workers_;
-    const std::function<void(unsigned)>* job_ = nullptr;
-    std::counting_semaphore<> done_{0};
-    std::atomic<bool> stop_{false};
-};
-// Created by the first launch, joined when the program exits.
-inline ThreadPool& pool() {
-    static ThreadPool p;
-    return p;
-}
-}  // namespace emu
-
-// Run `kernel(args...)` over the whole grid. Emulated thread i of the block
-// runs on pool worker i; all of them walk the blocks in the same order and meet
-// at the end of every block, where shared memory is refilled with 0xFF bytes
-// (NaN as float) for the next block: a kernel that reads shared memory it never
-// wrote gets NaN, not a lucky leftover. Kernels without shared memory have no
-// cross-thread state, so their threads do not wait for each other at all: in
-// such a grid worker 0 may run several blocks ahead of worker 1. That is
-// harmless, and CUDA promises no order between blocks either.
+// Run `kernel(args...)` over the whole grid, on the calling thread: block
+// after block, each block's threads as fibers (cuda_emulation.hpp). Between
+// blocks, shared memory is refilled with 0xFF bytes (NaN as float, -1 as
+// int32): a kernel that reads shared memory it never wrote gets NaN, not a
+// lucky leftover of the previous block.
 //
-// Two barriers: sync_bar is what the kernel's __syncthreads() waits on;
-// end_bar closes a block, and its completion step (the refill) runs exactly
-// once, in the last thread to arrive, before anyone starts the next block.
-// Thread tid of a block has x varying fastest, then y, then z: CUDA's linear
-// order. kernel(args...) copies the arguments into the kernel's by-value
-// parameters, one private copy per thread, as a GPU gives every thread the
-// launch's parameters.
 // CUDA's launch limits (section 0) are checked first, because nothing else
 // would: a launch that the emulation ran happily must not fail on the first
-// real GPU.
-// Warps: the block's threads in linear order, 32 to a warp (the last one
-// partial when blockDim is not a multiple of 32), each with its own barrier
-// and mailboxes for shfl_xor. They persist across the launch's blocks, as
-// the shuffle's mailbox parity does: every lane shuffles equally often.
+// real GPU. Thread tid of a block has x varying fastest, then y, then z:
+// CUDA's linear order; warps are the block's threads in that order, 32 to a
+// warp (the last one partial when blockDim is not a multiple of 32).
+// kernel(args...) copies the arguments into the kernel's by-value parameters,
+// one private copy per thread, as a GPU gives every thread the launch's
+// parameters.
+//
+// A kernel thread that throws (a GPU thread cannot; here a bounds check or an
+// exercise stub can) leaves the launch: it drops out of its barriers, so the
+// block's other threads are not left waiting for it, it runs no later block,
+// and its exception is rethrown here once every other thread has finished.
+// The launch's results are garbage then, as after a GPU fault. A block in
+// which no thread can go on (one skipped a barrier) ends the launch with a
+// std::logic_error that says who waits where.
 template <class... KernelArgs, class... Args>
 void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args... args) {
     check_launch_limits(reinterpret_cast<const void*>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, shared_bytes);
-    const unsigned long long nthreads = (unsigned long long)block.x * block.y * block.z;
     const unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
     if (nblocks == 0) return;
     std::vector<unsigned char> shared(shared_bytes + 16, 0xFF);  // [shared_bytes] (+16: never a null pointer)
-    std::barrier<> sync_bar((std::ptrdiff_t)nthreads);                                   // __syncthreads
-    std::barrier<emu::RefillShared> end_bar((std::ptrdiff_t)nthreads, emu::RefillShared{&shared});  // end of a block
-    std::vector<std::unique_ptr<emu::Warp>> warps;  // [ceil(nthreads / 32)]
-    for (unsigned long long first = 0; first < nthreads; first += kWarpSize)
-        warps.push_back(std::make_unique<emu::Warp>((std::ptrdiff_t)std::min<unsigned long long>(kWarpSize, nthreads - first)));
-    // A kernel thread that throws (a GPU thread cannot; here a bounds check or
-    // an exercise stub can) leaves the launch: it drops out of its barriers,
-    // so the block's other threads are not left waiting for it, and its
-    // exception is rethrown on the host once every thread has returned. The
-    // launch's results are garbage then, as after a GPU fault.
-    std::mutex error_mu;
-    std::exception_ptr error;  // the first thread's exception
-    const std::function<void(unsigned)> body = [&](unsigned tid) {
-        threadIdx = dim3(tid % block.x, tid / block.x % block.y, tid / (block.x * block.y));
-        blockDim = block;
-        gridDim = grid;
-        emu::block_barrier = &sync_bar;
-        emu::block_shared = shared.data();
-        emu::warp = warps[tid / kWarpSize].get();
-        emu::lane = tid % kWarpSize;
-        emu::shfl_parity = 0;
-        try {
-            for (unsigned long long b = 0; b < nblocks; ++b) {
-                blockIdx = dim3((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
-                kernel(args...);
-                if (shared_bytes > 0) end_bar.arrive_and_wait();
-            }
-        } catch (...) {
-            {
-                std::lock_guard<std::mutex> lock(error_mu);
-                if (!error) error = std::current_exception();
-            }
-            sync_bar.arrive_and_drop();
-            emu::warp->bar.arrive_and_drop();
-            if (shared_bytes > 0) end_bar.arrive_and_drop();
-        }
-    };
-    emu::pool().run((unsigned)nthreads, body);
-    if (error) std::rethrow_exception(error);
+    auto call = [&] { kernel(args...); };
+    emu::BlockRunner& r = emu::runner();
+    r.start_launch(block, emu::BlockRunner::Body{[](void* c) { (*static_cast<decltype(call)*>(c))(); }, &call});
+    blockDim = block;
+    gridDim = grid;
+    emu::block_shared = shared.data();
+    for (unsigned long long b = 0; b < nblocks; ++b) {
+        const dim3 idx((unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((unsigned long long)grid.x * grid.y)));
+        if (!r.run_block(idx, shared_bytes > 0)) break;
+        if (shared_bytes > 0 && b + 1 < nblocks) std::memset(shared.data(), 0xFF, shared.size());
+    }
+    r.finish_launch();
 }
 
 // Device memory is host memory. A kernel reads it as on a GPU, but so could
@@ -645,7 +526,12 @@ public:
         reserve(n);
         copy_to_device(p_, src, n * sizeof(T));
     }
-    void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
+    // Any contiguous range of T with data() and size(): a std::vector, or a
+    // model's Tensor (tiny_model/model.hpp), which may be a mapped file.
+    template <class Range>
+    void upload(const Range& r) {
+        upload(r.data(), r.size());
+    }
     // Sizes are in elements. Under CUDA, download waits for every kernel
     // launched before it (one stream, section 1).
     void download(T* dst, size_t n) const { copy_to_host(dst, p_, n * sizeof(T)); }

@@ -19,6 +19,10 @@
 // tokens/s grows with batch size until arithmetic, not memory, limits it.
 //
 //   build/bench_cpu [--steps N] [--threads T]
+//   build/bench_cpu --save-checkpoint FILE
+// The second form only writes the benchmark's model as a llama2.c checkpoint
+// and exits: the stories15M-shaped file that tools/vs_runc.sh times our
+// `generate` and llama2.c's run.c on.
 // PKV_SIMD=baseline (or avx2) in the environment runs the matmuls on a lower
 // instruction set than the CPU has, to compare.
 #include <algorithm>
@@ -54,6 +58,9 @@ pkv::Config stories15m_shape() {
     c.vocab_size = 32000; c.seq_len = 256; c.shared_classifier = true;
     return c;
 }
+
+// The benchmark's model: that shape, random weights from a fixed seed.
+pkv::Model bench_model() { return pkv::make_random_model(stories15m_shape(), 15, {}); }
 
 int max_threads() {
 #ifdef _OPENMP
@@ -213,16 +220,24 @@ EngineTimes engine_decode_time(const pkv::Model& model, int B, int prompt_len, i
 
 int run(int argc, char** argv) {
     int steps = 64, threads_flag = 0;
+    std::string save_path;
     cli::Parser p("bench_cpu", "[options]", "Decode benchmark of a stories15M-shaped random model on the CPU, against this machine's roofline.");
     p.integer("--steps", &steps, 1, 190, "decode steps per measurement");
     p.integer("--threads", &threads_flag, 0, 1024, "OpenMP threads; 0 = OMP_NUM_THREADS or all cores");
+    p.text("--save-checkpoint", &save_path, "FILE",
+           "only write the benchmark's model to FILE as a llama2.c checkpoint (for tools/vs_runc.sh), then exit");
     p.parse(argc, argv);
+    if (!save_path.empty()) {
+        pkv::save_checkpoint(save_path, bench_model());
+        std::printf("bench_cpu: wrote the stories15M-shaped benchmark model to %s\n", save_path.c_str());
+        return 0;
+    }
 #ifdef _OPENMP
     if (threads_flag > 0) omp_set_num_threads(threads_flag);
 #endif
     const int threads = max_threads();
     const pkv::Config cfg = stories15m_shape();
-    pkv::Model model = pkv::make_random_model(cfg, 15, {});
+    pkv::Model model = bench_model();
     size_t params = 0;
     for (const auto& t : pkv::checkpoint_tensors(cfg, model.w)) params += t.data ? t.count : 0;
     const double weight_bytes = params * 4.0;

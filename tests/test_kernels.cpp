@@ -1,8 +1,8 @@
 // tests/test_kernels.cpp -- every CUDA kernel against its CPU reference.
 //
 // The kernels are compiled twice: by g++/clang++, where cuda_shim.hpp runs them
-// emulated (one std::thread per CUDA thread, a std::barrier per
-// __syncthreads), and by nvcc (`make cuda`), where they run on a GPU. This file
+// emulated (each block's threads as fibers on the calling thread, switched at
+// every barrier: cuda_emulation.hpp), and by nvcc (`make cuda`), where they run on a GPU. This file
 // is compiled both ways, so it only ever hands kernels *device* pointers
 // (DeviceBuffer) and reads results back with download(). Under a `make cuda`
 // binary on a machine without a GPU every test skips with a MESSAGE.
@@ -21,8 +21,9 @@
 //   7. batch invariance of the kernel path, bit for bit;
 //   8. build/generate: --device emulated (or cuda) prints what --device cpu does.
 //
-// Emulation is slow (a 128-thread __syncthreads costs ~0.2 ms on two cores), so
-// shapes are small; the suite also runs under ASan and TSan.
+// Emulation is slow next to the CPU forward (every barrier is a round of fiber
+// switches, and far slower under TSan), so shapes are small; the suite also
+// runs under ASan and TSan.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -800,6 +802,60 @@ TEST_CASE("emulated shfl_xor needs whole warps") {
     std::vector<float> sum2(32);
     pkv::launch(shuffle_test_kernel<>, pkv::dim3(1), pkv::dim3(32), 0, x2.data(), sg2.data(), sum2.data());
     CHECK(x2[0] == 10);  // lane 0's partner under mask 1 is lane 1
+}
+
+// Breaks the barrier rule on purpose: threads from `quit` on return before the
+// block's barrier; with `shuffle`, lane 0 of each warp skips the shuffle.
+PKV_KERNEL void skip_barrier_kernel(int* out, int quit, int shuffle) {
+    const int tid = (int)pkv::threadIdx.x;
+    if (shuffle) {
+        if (tid % 32 != 0) out[tid] = pkv::shfl_xor(tid, 1);
+        return;
+    }
+    if (tid >= quit) return;
+    pkv::syncthreads();
+    out[tid] = 1;
+}
+
+// Proves a thread that skips a barrier the others wait at makes the emulated launch throw a logic_error that names the waiting threads and the returned ones (the thread-per-CUDA-thread emulation hung there), for syncthreads() and for shfl_xor, and that the next launch runs normally.
+TEST_CASE("a skipped barrier: the emulated launch throws instead of hanging") {
+    std::vector<int> out(64, 0);
+    CHECK_THROWS_WITH_AS(pkv::launch(skip_barrier_kernel, pkv::dim3(3), pkv::dim3(64), 0, out.data(), 48, 0),
+                         doctest::Contains("block (0, 0, 0) can go no further: 48 thread(s) wait at syncthreads() "
+                                           "(threads 0, 1, 2, 3, 4, 5, 6, 7, ...); 16 returned from the kernel (threads 48, 49,"),
+                         std::logic_error);
+    CHECK_THROWS_WITH_AS(pkv::launch(skip_barrier_kernel, pkv::dim3(1), pkv::dim3(64), 0, out.data(), 64, 1),
+                         doctest::Contains("62 thread(s) wait at a shfl_xor (threads 1, 2, 3,"), std::logic_error);
+    std::fill(out.begin(), out.end(), 0);
+    pkv::launch(skip_barrier_kernel, pkv::dim3(3), pkv::dim3(64), 0, out.data(), 64, 0);  // nobody skips
+    CHECK(std::count(out.begin(), out.end(), 1) == 64);
+}
+
+// Each block reverses its blockDim.x values through shared memory.
+PKV_KERNEL void reverse_block_kernel(int* data) {
+    int* sm = pkv::shared_memory<int>();
+    const unsigned t = pkv::threadIdx.x, n = pkv::blockDim.x, base = pkv::blockIdx.x * n;
+    sm[t] = data[base + t];
+    pkv::syncthreads();
+    data[base + t] = sm[n - 1 - t];
+}
+
+// Proves two host threads may launch emulated kernels at the same time (each runs its blocks on its own fibers, barriers and shared memory) and each gets exactly its own result: 51 reversals of every block, with blocks of 64 and 96 threads.
+TEST_CASE("two host threads launch emulated kernels at the same time") {
+    const int blocks = 5, reps = 51;
+    auto worker = [&](unsigned n, std::vector<int>* data) {
+        for (int r = 0; r < reps; ++r) pkv::launch(reverse_block_kernel, pkv::dim3(blocks), pkv::dim3(n), n * sizeof(int), data->data());
+    };
+    std::vector<int> a(blocks * 64), b(blocks * 96);
+    std::iota(a.begin(), a.end(), 0);
+    std::iota(b.begin(), b.end(), 1000);
+    std::thread ta(worker, 64u, &a), tb(worker, 96u, &b);
+    ta.join();
+    tb.join();
+    int wrong = 0;
+    for (int i = 0; i < blocks * 64; ++i) wrong += a[(size_t)i] != i / 64 * 64 + (63 - i % 64);
+    for (int i = 0; i < blocks * 96; ++i) wrong += b[(size_t)i] != 1000 + i / 96 * 96 + (95 - i % 96);
+    CHECK(wrong == 0);
 }
 #endif
 

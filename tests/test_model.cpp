@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -86,6 +87,9 @@ std::string read_bytes(const std::string& path) {
     REQUIRE(f.good());
     return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
+
+// A tensor's floats as a vector, for first_bit_diff.
+std::vector<float> to_vector(const pkv::Tensor& t) { return std::vector<float>(t.begin(), t.end()); }
 
 template <class T>
 void append_pod(std::string& s, T v) {
@@ -552,7 +556,7 @@ TEST_CASE("checkpoint save/load round trip") {
         CHECK(back.cfg.vocab_size == c.vocab_size);
         CHECK(back.cfg.seq_len == c.seq_len);
         CHECK(back.cfg.shared_classifier == shared);
-        const std::pair<const char*, std::vector<float> pkv::Weights::*> fields[] = {
+        const std::pair<const char*, pkv::Tensor pkv::Weights::*> fields[] = {
             {"token_embedding", &pkv::Weights::token_embedding}, {"rms_att", &pkv::Weights::rms_att},
             {"wq", &pkv::Weights::wq}, {"wk", &pkv::Weights::wk}, {"wv", &pkv::Weights::wv}, {"wo", &pkv::Weights::wo},
             {"rms_ffn", &pkv::Weights::rms_ffn}, {"w1", &pkv::Weights::w1}, {"w2", &pkv::Weights::w2},
@@ -560,7 +564,10 @@ TEST_CASE("checkpoint save/load round trip") {
         };
         for (const auto& f : fields) {
             INFO("tensor " << f.first);
-            CHECK(first_bit_diff(m.w.*f.second, back.w.*f.second) == -1);
+            CHECK(first_bit_diff(to_vector(m.w.*f.second), to_vector(back.w.*f.second)) == -1);
+            // Loaded tensors are windows into the mapped file; the random model's are its own.
+            CHECK((back.w.*f.second).mapped() == !(back.w.*f.second).empty());
+            CHECK(!(m.w.*f.second).mapped());
         }
         CHECK(back.w.wcls.empty() == shared);
 
@@ -573,6 +580,30 @@ TEST_CASE("checkpoint save/load round trip") {
         TempFile again("again.bin");
         pkv::save_checkpoint(again.str(), back);
         CHECK((read_bytes(again.str()) == bytes));
+
+        // Even over the very file it is mapped from: save_checkpoint writes a
+        // new file and renames it over the old, so `back` keeps reading the
+        // old one's bytes (writing into the mapped file would cut its pages
+        // from under us: a SIGBUS, not an error message).
+        pkv::save_checkpoint(file.str(), back);
+        CHECK((read_bytes(file.str()) == bytes));
+        CHECK(first_bit_diff(paged_logits(back, tokens, 4, 8, 1), a) == -1);
+        CHECK(!fs::exists(file.str() + ".tmp"));
+
+        // A copy of a loaded model outlives the file and the model it was copied from.
+        std::unique_ptr<pkv::Model> loaded = std::make_unique<pkv::Model>(pkv::load_checkpoint(again.str()));
+        const pkv::Model copy = *loaded;
+        loaded.reset();
+        fs::remove(again.str());
+        CHECK(first_bit_diff(paged_logits(copy, tokens, 4, 8, 1), a) == -1);
+
+        // Editing a loaded model copies the tensor first (vec()) and leaves the file alone.
+        pkv::Model edited = back;
+        edited.w.rms_final.vec()[0] += 1.0f;
+        CHECK(!edited.w.rms_final.mapped());
+        CHECK(back.w.rms_final.mapped());
+        CHECK(back.w.rms_final[0] == m.w.rms_final[0]);
+        CHECK((read_bytes(file.str()) == bytes));
     }
 }
 
@@ -584,7 +615,7 @@ TEST_CASE("save_checkpoint refuses inconsistent models") {
     bad_cfg.cfg.n_kv_heads = 4;
     check_file_error([&] { pkv::save_checkpoint(file.str(), bad_cfg); }, file.str(), "not divisible by n_kv_heads");
     pkv::Model bad_tensor = m;
-    bad_tensor.w.wq.pop_back();
+    bad_tensor.w.wq.vec().pop_back();
     check_file_error([&] { pkv::save_checkpoint(file.str(), bad_tensor); }, file.str(), "wrong size");
 }
 
@@ -925,9 +956,9 @@ TEST_CASE("stories260K in process matches llama2.c") {
     TempFile again("stories_again.bin");
     pkv::save_checkpoint(again.str(), mt.model);
     const pkv::Model back = pkv::load_checkpoint(again.str());
-    CHECK(first_bit_diff(back.w.token_embedding, mt.model.w.token_embedding) == -1);
-    CHECK(first_bit_diff(back.w.w2, mt.model.w.w2) == -1);
-    CHECK(first_bit_diff(back.w.rms_final, mt.model.w.rms_final) == -1);
+    CHECK(first_bit_diff(to_vector(back.w.token_embedding), to_vector(mt.model.w.token_embedding)) == -1);
+    CHECK(first_bit_diff(to_vector(back.w.w2), to_vector(mt.model.w.w2)) == -1);
+    CHECK(first_bit_diff(to_vector(back.w.rms_final), to_vector(mt.model.w.rms_final)) == -1);
     CHECK(read_bytes(again.str()).size() == fs::file_size(ckpt));
 }
 

@@ -6,28 +6,36 @@
 // memory.
 //
 // Everything is float32, as in run.c (llama2.c's int8 variant, runq.c, and its
-// version 2 export are out of scope). Where we differ from run.c: run.c
-// memory-maps the checkpoint and points into the mapping, trusting the header;
-// we read each tensor into its own std::vector after checking that the file
-// size matches the header to the byte. That costs a copy at startup and buys
-// plain ownership (a Model is a value you can move, build in memory or save)
-// and an error message instead of a crash on a truncated file.
+// version 2 export are out of scope). Like run.c, we memory-map the checkpoint
+// read-only and point each tensor into the mapping: no copy, and no memory
+// zero-filled only to be overwritten (section 4 says why that matters at
+// start-up). Unlike run.c, we first check that the file size matches the
+// header to the byte, so a truncated file is an error message, not a crash.
+// A Tensor (section 2) is either such a window into a mapped file or floats of
+// its own (the built-in random model, a model built or edited in memory), so
+// a Model stays a value you can copy, move, build in memory or save.
 //
 // Sections: 1. Config  2. Weights and the checkpoint tensor list  3. the
 // built-in random model  4. loading and saving llama2.c legacy checkpoints.
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
-#if defined(__linux__)
-#include <sys/mman.h>  // madvise, for huge pages under the weights
-#endif
+
+#include <fcntl.h>     // open
+#include <sys/mman.h>  // mmap, the checkpoint's bytes
+#include <sys/stat.h>  // fstat
+#include <unistd.h>    // close
 
 namespace pkv {
 
@@ -38,15 +46,22 @@ struct FileError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-// Opens `path` for binary reading and returns its size, or throws FileError
-// saying why not. A directory opens fine as an ifstream on Linux and then
-// reports a nonsense size, so we ask the file system what `path` is first.
-inline uint64_t open_regular_file(std::ifstream& f, const std::string& path, const char* what) {
+// Throws FileError unless `path` names a regular file. A directory opens fine
+// as an ifstream on Linux and then reports a nonsense size, so we ask the file
+// system what `path` is first.
+inline void check_regular_file(const std::string& path, const char* what) {
     std::error_code ec;
     const auto st = std::filesystem::status(path, ec);
     if (ec || !std::filesystem::exists(st)) throw FileError(path + ": no such " + what + " file");
     if (std::filesystem::is_directory(st)) throw FileError(path + ": is a directory, not a " + what + " file");
     if (!std::filesystem::is_regular_file(st)) throw FileError(path + ": not a regular file (a " + what + " must be one)");
+}
+
+// Opens `path` for binary reading and returns its size, or throws FileError
+// saying why not.
+inline uint64_t open_regular_file(std::ifstream& f, const std::string& path, const char* what) {
+    check_regular_file(path, what);
+    std::error_code ec;
     f.open(path, std::ios::binary);
     if (!f) throw FileError(path + ": cannot open " + what + " (permissions?)");
     const uint64_t size = std::filesystem::file_size(path, ec);
@@ -111,19 +126,62 @@ struct Config {
 // dim x dim because n_heads * head_dim == dim; wk and wv are kv_dim x dim,
 // smaller under GQA, and that is where K and V for the cache come from.
 
+// One tensor's floats, read-only to the forward pass: data(), size() and
+// operator[] as on a std::vector<float>. Where the floats live is the
+// Tensor's business, one of two places:
+//   - a window into a checkpoint file mapped read-only (load_checkpoint). The
+//     Tensor shares ownership of the mapping, so the file stays mapped as long
+//     as any Tensor, or any copy of a Model, points into it. Copying such a
+//     Tensor copies a pointer, not the floats: nobody can write to them;
+//   - a std::vector<float> of its own (the built-in random model, a model
+//     built or edited in memory). Copying copies the floats, as a vector does.
+// vec() is the one way to write: it gives the owned vector, first copying a
+// mapped tensor's floats into it (copy on write), so editing a loaded model
+// never touches its file.
+class Tensor {
+public:
+    Tensor() = default;
+    explicit Tensor(std::vector<float> v) : own_(std::move(v)) {}
+    Tensor(std::shared_ptr<const void> file, const float* p, size_t n) : file_(std::move(file)), view_(p), n_(n) {}
+
+    const float* data() const { return file_ ? view_ : own_.data(); }
+    size_t size() const { return file_ ? n_ : own_.size(); }
+    bool empty() const { return size() == 0; }
+    const float& operator[](size_t i) const { return data()[i]; }
+    const float* begin() const { return data(); }
+    const float* end() const { return data() + size(); }
+    bool mapped() const { return file_ != nullptr; }  // a window into a file?
+
+    std::vector<float>& vec() {
+        if (file_) {
+            own_.assign(view_, view_ + n_);
+            file_.reset();
+            view_ = nullptr;
+            n_ = 0;
+        }
+        return own_;
+    }
+
+private:
+    std::vector<float> own_;             // [size()] when owned
+    std::shared_ptr<const void> file_;   // the mapping, when a window into one
+    const float* view_ = nullptr;        // [n_] inside it
+    size_t n_ = 0;
+};
+
 struct Weights {
-    std::vector<float> token_embedding;  // [vocab_size, dim]
-    std::vector<float> rms_att;          // [n_layers, dim]
-    std::vector<float> wq;               // [n_layers, n_heads * head_dim, dim]
-    std::vector<float> wk;               // [n_layers, kv_dim, dim]
-    std::vector<float> wv;               // [n_layers, kv_dim, dim]
-    std::vector<float> wo;               // [n_layers, dim, n_heads * head_dim]
-    std::vector<float> rms_ffn;          // [n_layers, dim]
-    std::vector<float> w1;               // [n_layers, hidden_dim, dim]  gate
-    std::vector<float> w2;               // [n_layers, dim, hidden_dim]  down
-    std::vector<float> w3;               // [n_layers, hidden_dim, dim]  up
-    std::vector<float> rms_final;        // [dim]
-    std::vector<float> wcls;             // [vocab_size, dim], empty when the classifier is shared
+    Tensor token_embedding;  // [vocab_size, dim]
+    Tensor rms_att;          // [n_layers, dim]
+    Tensor wq;               // [n_layers, n_heads * head_dim, dim]
+    Tensor wk;               // [n_layers, kv_dim, dim]
+    Tensor wv;               // [n_layers, kv_dim, dim]
+    Tensor wo;               // [n_layers, dim, n_heads * head_dim]
+    Tensor rms_ffn;          // [n_layers, dim]
+    Tensor w1;               // [n_layers, hidden_dim, dim]  gate
+    Tensor w2;               // [n_layers, dim, hidden_dim]  down
+    Tensor w3;               // [n_layers, hidden_dim, dim]  up
+    Tensor rms_final;        // [dim]
+    Tensor wcls;             // [vocab_size, dim], empty when the classifier is shared
 };
 
 // A model is its shape plus its numbers; it holds no state between calls.
@@ -139,7 +197,7 @@ struct Model {
 // The tensors of a checkpoint in file order, each with its element count. One
 // list used by load, save and the size check, so they cannot disagree.
 struct TensorRef {
-    std::vector<float>* data;  // nullptr: the legacy RoPE tables, skipped on load
+    Tensor* data;  // nullptr: the legacy RoPE tables, skipped on load
     size_t count;
 };
 inline std::vector<TensorRef> checkpoint_tensors(const Config& c, Weights& w) {
@@ -223,13 +281,14 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     // N(0, gain^2 / fan_in): a dot product of fan_in such weights with inputs
     // of unit variance has variance gain^2, so activations keep their scale
     // from layer to layer instead of exploding or dying out.
-    auto fill = [&](std::vector<float>& v, size_t n, int fan_in, float gain) {
-        v.resize(n);
+    auto fill = [&](Tensor& t, size_t n, int fan_in, float gain) {
+        std::vector<float> v(n);
         const float sd = gain / std::sqrt((float)fan_in);
         for (float& x : v) x = gauss() * sd;
+        t = Tensor(std::move(v));
     };
     // RMSNorm gains start at 1, as in a freshly initialized Llama.
-    auto ones = [&](std::vector<float>& v, size_t n) { v.assign(n, 1.0f); };
+    auto ones = [&](Tensor& t, size_t n) { t = Tensor(std::vector<float>(n, 1.0f)); };
     Weights& w = m.w;
     const size_t L = c.n_layers, D = c.dim, H = c.hidden_dim, KV = c.kv_dim(), V = c.vocab_size;
     // The call order is the draw order: reordering these lines changes every
@@ -251,7 +310,7 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
     if (!c.shared_classifier) fill(w.wcls, V * D, c.dim, 1.0f);
     // Scale whole classifier rows: a smaller row means a smaller logit for that
     // token at every position, so it wins the argmax less often.
-    std::vector<float>& cls = c.shared_classifier ? w.token_embedding : w.wcls;
+    std::vector<float>& cls = (c.shared_classifier ? w.token_embedding : w.wcls).vec();
     for (size_t v = 0; v < row_scale.size() && v < V; ++v)
         for (size_t d = 0; d < D; ++d) cls[v * D + d] *= row_scale[v];
     return m;
@@ -270,34 +329,60 @@ inline Model make_random_model(const Config& c, uint64_t seed, const std::vector
 // We require the file size to match the header exactly: a truncated download or
 // a header from another format is caught here, not as garbage logits later.
 
-// Why loading took longer than decoding 256 tokens. A fresh vector's memory
-// is mapped by the kernel page by page on first touch: for a 61 MB checkpoint
-// that is ~15,000 4 KiB page faults, and in a virtual machine each one is
-// slow (on this project's VM they were most of `generate`'s start-up).
-// llama2.c's run.c side-steps it by mmap()ing the file. We keep plain vectors
-// (one storage for loaded, random and saved models) and instead ask Linux
-// for 2 MiB transparent huge pages under each tensor before touching it:
-// 512x fewer faults. Only a hint: the kernel may say no (THP off, or no
-// free huge page), and the bytes loaded are the same either way.
-inline void advise_huge_pages(void* p, uint64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const uintptr_t huge = uintptr_t(2) << 20;
-    const uintptr_t begin = ((uintptr_t)p + huge - 1) & ~(huge - 1);  // whole huge pages inside [p, p + bytes)
-    const uintptr_t end = ((uintptr_t)p + bytes) & ~(huge - 1);
-    if (end > begin) (void)madvise((void*)begin, end - begin, MADV_HUGEPAGE);
-#else
-    (void)p;
-    (void)bytes;
-#endif
+// Why we map the file instead of reading it. Reading a tensor into memory of
+// our own first needs that memory, and fresh memory is given to a process
+// page by page on first touch, each page zero-filled by the kernel, only to be
+// overwritten by the copy from the file: for a 61 MB checkpoint ~15,000 page
+// faults of 4 KiB, and in a virtual machine each one is slow (on this
+// project's VM they were most of `generate`'s start-up; 2 MiB huge pages cut
+// their number but not the copy). mmap() instead makes the file's pages in
+// the kernel's page cache -- where the last run, or the read of the header,
+// left them -- part of our address space: no zero fill, no copy, and a fault
+// on first touch maps a whole neighbourhood of already-cached pages at once.
+// llama2.c's run.c does the same.
+//
+// The price of a mapping, and why it is safe here: the floats are the file's,
+// so the file must not shrink while we run (a process that truncates it under
+// us would make the next read of a lost page a SIGBUS; run.c has the same
+// exposure). save_checkpoint() therefore never writes into an existing file:
+// it writes a new one and renames it over the old, which leaves a mapping of
+// the old one intact. And the size check below happens before the first
+// float is read, so a file that is short from the start is an error message.
+
+// The checkpoint's bytes, mapped read-only; the mapping ends when the last
+// shared_ptr copy (the Model's Tensors) lets go. Throws FileError.
+inline std::shared_ptr<const void> map_file(const std::string& path, uint64_t& size, const char* what) {
+    check_regular_file(path, what);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw FileError(path + ": cannot open " + what + " (" + std::strerror(errno) + ")");
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        const int e = errno;
+        ::close(fd);
+        throw FileError(path + ": cannot read the size of the " + what + " (" + std::strerror(e) + ")");
+    }
+    size = (uint64_t)st.st_size;
+    if (size == 0) {  // mmap refuses zero bytes; the caller reports the truncation
+        ::close(fd);
+        return nullptr;
+    }
+    void* p = mmap(nullptr, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int e = errno;
+    ::close(fd);  // the mapping keeps the file open by itself
+    if (p == MAP_FAILED) throw FileError(path + ": cannot map the " + what + " into memory (" + std::strerror(e) + ")");
+    const size_t bytes = (size_t)size;
+    return std::shared_ptr<const void>(p, [bytes](const void* q) { munmap(const_cast<void*>(q), bytes); });
 }
 
 inline Model load_checkpoint(const std::string& path) {
-    std::ifstream f;
-    const uint64_t file_size = open_regular_file(f, path, "checkpoint");
+    uint64_t file_size = 0;
+    const std::shared_ptr<const void> file = map_file(path, file_size, "checkpoint");
+    const unsigned char* bytes = static_cast<const unsigned char*>(file.get());
     // The seven int32 of the header, in Config's field order.
     int32_t hdr[7];
-    if (file_size < sizeof(hdr) || !f.read(reinterpret_cast<char*>(hdr), sizeof(hdr)))
+    if (file_size < sizeof(hdr))
         throw FileError(path + ": truncated checkpoint (" + std::to_string(file_size) + " bytes, the header alone is 28)");
+    std::memcpy(hdr, bytes, sizeof(hdr));
     Model m;
     Config& c = m.cfg;
     c.dim = hdr[0]; c.hidden_dim = hdr[1]; c.n_layers = hdr[2]; c.n_heads = hdr[3];
@@ -313,16 +398,14 @@ inline Model load_checkpoint(const std::string& path) {
     if (expect != file_size)
         throw FileError(path + ": file size " + std::to_string(file_size) + " bytes does not match its header, which needs " +
                         std::to_string(expect) + " bytes (truncated, or not a llama2.c legacy checkpoint)");
-    // Read every tensor straight into its vector; the two RoPE tables go into
-    // a scratch vector and are dropped.
-    std::vector<float> skip;
+    // Every tensor is a window into the mapping, at its offset in the file
+    // (a multiple of 4 bytes after the 28-byte header: floats are aligned as
+    // floats, not as vectors, so the CPU forward's loads are unaligned ones).
+    // The two RoPE tables are stepped over.
+    uint64_t offset = sizeof(hdr);
     for (const auto& t : tensors) {
-        std::vector<float>& dst = t.data ? *t.data : skip;
-        dst.reserve(t.count);  // allocated, not yet touched: advise first
-        advise_huge_pages(dst.data(), t.count * sizeof(float));
-        dst.resize(t.count);
-        if (!f.read(reinterpret_cast<char*>(dst.data()), (std::streamsize)(t.count * sizeof(float))))
-            throw FileError(path + ": read failed");
+        if (t.data) *t.data = Tensor(file, reinterpret_cast<const float*>(bytes + offset), t.count);
+        offset += t.count * sizeof(float);
     }
     return m;
 }
@@ -330,10 +413,19 @@ inline Model load_checkpoint(const std::string& path) {
 // The inverse of load_checkpoint, used by the tests for round trips: save,
 // load, and compare every weight bit and the logits. The output is a
 // llama2.c legacy checkpoint, header sign convention included.
+//
+// It writes `path`.tmp and renames that over `path`, never into an existing
+// file: a model loaded from `path` is a mapping of the old file, which must
+// keep its bytes (load_checkpoint says why), even when that very model is
+// what we save.
 inline void save_checkpoint(const std::string& path, const Model& m) {
     const Config& c = m.cfg;
     if (std::string p = c.problem(); !p.empty()) throw FileError(path + ": refusing to save: " + p);
-    std::ofstream f(path, std::ios::binary);
+    // Every tensor must fit the config before anything is written.
+    for (const auto& t : checkpoint_tensors(c, const_cast<Weights&>(m.w)))  // only read through here
+        if (t.data && t.data->size() != t.count) throw FileError(path + ": refusing to save: a tensor has the wrong size for the config");
+    const std::string tmp = path + ".tmp";
+    std::ofstream f(tmp, std::ios::binary);
     if (!f) throw FileError(path + ": cannot create checkpoint");
     int32_t hdr[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
                       c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len};
@@ -351,11 +443,20 @@ inline void save_checkpoint(const std::string& path, const Model& m) {
     Weights& w = const_cast<Weights&>(m.w);  // checkpoint_tensors only reads through it here
     int rope_index = 0;
     for (const auto& t : checkpoint_tensors(c, w)) {
-        const std::vector<float>& src = t.data ? *t.data : (rope_index++ == 0 ? rope_cos : rope_sin);
-        if (src.size() != t.count) throw FileError(path + ": refusing to save: a tensor has the wrong size for the config");
-        f.write(reinterpret_cast<const char*>(src.data()), (std::streamsize)(t.count * sizeof(float)));
+        const float* src = t.data ? t.data->data() : (rope_index++ == 0 ? rope_cos : rope_sin).data();
+        f.write(reinterpret_cast<const char*>(src), (std::streamsize)(t.count * sizeof(float)));
     }
-    if (!f) throw FileError(path + ": write failed");
+    f.close();
+    std::error_code ec;
+    if (!f) {
+        std::filesystem::remove(tmp, ec);
+        throw FileError(path + ": write failed");
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+        std::filesystem::remove(tmp, ec);
+        throw FileError(path + ": cannot replace the checkpoint (" + ec.message() + ")");
+    }
 }
 
 }  // namespace pkv

@@ -5,8 +5,9 @@
 #
 #   tools/tsan_demo.sh          (from anywhere; about a minute the first time)
 #
-# Why a script. The tutorial's claim is "the emulated kernels run on real
-# threads, so a missing barrier is a real race that TSan reports". A claim like
+# Why a script. The tutorial's claim is "ThreadSanitizer knows what a barrier
+# orders in the emulated kernels (cuda_emulation.hpp declares it), so a missing
+# barrier is a data race that TSan reports". A claim like
 # that should be re-provable by anyone, unattended, on every change: so the
 # edit is made by a program, found by a marker in the source (the comment
 # "// 3. Online softmax", with the statement `syncthreads();` right above it)
@@ -35,8 +36,9 @@
 # the demo itself cannot run (marker gone, build failed).
 #
 # Which of step 3's statements TSan catches first (the read that finds the
-# tile's max, or the write of an exponential) depends on how the threads were
-# scheduled, and so does which access it calls "previous": the tutorial's
+# tile's max, or the write of an exponential) depends on the order in which the
+# emulation runs the threads (the same every run with fibers, but another with
+# another design), and so does which access it calls "previous": the tutorial's
 # listing elides those lines. Addresses, thread numbers, pids and line numbers
 # change from run to run or with every edit of the file, and are marked there.
 set -euo pipefail

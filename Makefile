@@ -48,7 +48,9 @@ SANFLAGS ?=
 CXXFLAGS += $(KIT_CXXFLAGS)
 CXXFLAGS += $(SANFLAGS)
 
-HEADERS  := $(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp)
+# The HTTP example's own headers only rebuild what includes them.
+HTTP_HEADERS := examples/openai_api.hpp examples/sse_client.hpp
+HEADERS  := $(filter-out $(HTTP_HEADERS),$(wildcard *.cuh *.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp))
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp))
 # tools/: programs that work on the project itself (the docs checker, the
 # course kit), built by the same rule as the examples.
@@ -80,7 +82,7 @@ $(BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
-$(addprefix $(BUILD)/,$(HTTP_PROGRAMS)): $(BUILD)/%: examples/%.cpp $(HEADERS) | check-httpdeps
+$(addprefix $(BUILD)/,$(HTTP_PROGRAMS)): $(BUILD)/%: examples/%.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) $< -o $@ $(HTTP_LIBS)
 
@@ -93,7 +95,7 @@ $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-d
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 # tests/test_serve.cpp talks HTTP: it needs the HTTP libraries too.
-$(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
+$(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) -c $< -o $@
 
@@ -219,7 +221,7 @@ $(CUDA_BUILD)/%: examples/%.cpp $(HEADERS)
 
 # nvcc takes the link flags in its own spelling.
 cuda-serve: $(CUDA_BUILD)/serve
-$(CUDA_BUILD)/serve: examples/serve.cpp $(HEADERS) | check-httpdeps
+$(CUDA_BUILD)/serve: examples/serve.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(HTTP_CFLAGS) -x cu $< -o $@ -lgomp $$(sed -e 's/-pthread/-Xcompiler -pthread/' -e 's/-Wl,/-Xlinker /' $(DEPS)/http.libs)
 

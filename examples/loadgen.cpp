@@ -231,6 +231,15 @@ int run(int argc, char** argv) {
     uint64_t rng = o.seed ^ 0x9e3779b97f4a7c15ull;
     for (int i = 1; i < o.requests && o.rate > 0; ++i) arrival[i] = arrival[i - 1] - std::log(1.0 - pkv::uniform01(rng)) / o.rate;
 
+    {
+        // A server that is not there is one clear line, not a table of failures.
+        httplib::Client cli(t.host, t.port);
+        cli.set_connection_timeout(5, 0);
+        cli.set_read_timeout(30, 0);
+        if (!cli.Get("/v1/models"))
+            throw std::runtime_error("no server answers at http://" + o.host + ":" + std::to_string(o.port) +
+                                     " (start one: build/serve --port " + std::to_string(o.port) + ")");
+    }
     const std::vector<sse::Sample> before = scrape(t);
     std::vector<Result> rs(o.requests);
     std::vector<std::thread> threads;

@@ -19,11 +19,31 @@
 # pkg-config file and write them to DEPS/http.flags (compile) and
 # DEPS/http.libs (link), which the Makefile passes to the compiler.
 # Nothing is ever copied into the repository; DEPS lives under build/.
-# Usage: tests/get_deps.sh DEPS
+#
+# With --promtool it also unpacks promtool, Prometheus's checker, from Debian's
+# prometheus package into DEPS/bin (no root, no daemon installed or started),
+# unless a promtool is already on the PATH: tests/test_serve.cpp runs
+# `promtool check metrics` on build/serve's /metrics when one is there.
+# Usage: tests/get_deps.sh DEPS [--promtool]
 set -u
 deps=${1:-build/deps}
 mkdir -p "$deps"
 deps_abs=$(cd "$deps" && pwd)
+
+if [ "${2:-}" = "--promtool" ]; then
+    if command -v promtool >/dev/null || [ -x "$deps/bin/promtool" ]; then exit 0; fi
+    echo "get_deps: fetching promtool from Debian's prometheus package into $deps/bin" >&2
+    rm -rf "$deps/prom" && mkdir -p "$deps/prom" "$deps/bin"
+    if (cd "$deps/prom" && apt-get download prometheus >/dev/null 2>&1) && dpkg-deb -x "$deps"/prom/prometheus_*.deb "$deps/prom/root" &&
+        [ -x "$deps/prom/root/usr/bin/promtool" ]; then
+        cp "$deps/prom/root/usr/bin/promtool" "$deps/bin/promtool"
+        rm -rf "$deps/prom"
+        exit 0
+    fi
+    rm -rf "$deps/prom"
+    echo "get_deps: could not fetch promtool (apt-get download prometheus failed); the /metrics check will be skipped" >&2
+    exit 1
+fi
 
 # The -D flags of cpp-httplib's pkg-config file $1, and the link line.
 write_flags() {

@@ -104,6 +104,9 @@ struct Limits {
     int max_depth = 16;       // JSON nesting; a request needs 3
 };
 
+// A request as the engine will run it: the prompt already tokenized, every
+// sampling parameter checked and defaulted, and what only the edge handles
+// (stop strings, streaming options) kept beside it.
 struct Request {
     bool chat = false;
     std::string model;               // as the client named it (the served id if it did not)
@@ -117,6 +120,8 @@ struct Request {
 
 namespace detail {
 
+// How a JSON value is named in a message: "max_tokens must be an integer,
+// got a string" tells a client exactly what to change.
 inline std::string type_name(const json& v) {
     if (v.is_number_integer()) return "an integer";
     if (v.is_number_float()) return "a number with a fraction or exponent";
@@ -155,8 +160,12 @@ inline bool boolean(const json& v, const std::string& param) {
     return v.get<bool>();
 }
 
-// The fields we implement, and the OpenAI fields we accept only with the
-// value that means "what we do anyway" (anything else: unsupported).
+// The OpenAI fields we do not implement, accepted only with the value that
+// means "what we do anyway" (anything else: unsupported). Client libraries
+// and frameworks send some of these with their default values on every
+// request; refusing n: 1 or presence_penalty: 0 would refuse those clients
+// for nothing, and accepting n: 2 would silently return one answer instead
+// of two.
 inline bool no_op_value(const std::string& k, const json& v) {
     if (k == "n" || k == "best_of") return v.is_number_integer() && v.get<int64_t>() == 1;
     if (k == "echo") return v.is_boolean() && !v.get<bool>();
@@ -198,7 +207,11 @@ inline json parse_object(const std::string& body, int max_depth) {
 }
 
 // prompt: a string (encoded with BOS, like llama2.c's run.c), or an array of
-// token ids (used as they are: no BOS added).
+// token ids (used as they are: no BOS added). Every id is checked here,
+// with its index, so the message names the offending one; the engine would
+// refuse it too (Engine::add_request), but only as "rejected".
+// A batch (an array of strings or of arrays) is OpenAI's way to ask for
+// several completions in one request; we answer one prompt per request.
 inline std::vector<int32_t> prompt_tokens(const json& v, const Limits& lim, const pkv::Tokenizer& tok) {
     if (v.is_string()) {
         const std::vector<int> ids = tok.encode(v.get<std::string>(), /*bos=*/true);
@@ -302,6 +315,8 @@ inline Request parse_request(const std::string& body, bool chat, const Limits& l
     const json* stream_options = nullptr;
 
     // One pass over the fields: a field is either one we know, or an error.
+    // A null value means "the default" for every optional field, as in
+    // OpenAI's API (clients send "stop": null and the like).
     for (const auto& [k, v] : j.items()) {
         if (k == "model") {
             if (!v.is_string()) throw wrong_type("model", "a string", v);
@@ -323,8 +338,12 @@ inline Request parse_request(const std::string& body, bool chat, const Limits& l
                                      std::to_string(m) + "): give one of them");
             max_tokens = m;
         } else if (k == "temperature") {
+            // OpenAI's range. The engine would take any finite t >= 0; above
+            // 2 the distribution is so flat that the text is noise.
             if (!v.is_null()) r.params.temperature = (float)number(v, k, 0.0, 2.0, "0..2 (0 = greedy)");
         } else if (k == "top_p") {
+            // The sampler treats top_p outside (0, 1) as "off"; a client
+            // sending 0 means the opposite (keep almost nothing), so 0 is refused.
             if (v.is_null()) continue;
             const double p = number(v, k, 0.0, 1.0, "(0, 1]");
             if (p == 0.0) throw invalid(k, "top_p must be a number in (0, 1], got 0 (use temperature 0 for greedy decoding)");

@@ -113,8 +113,17 @@ using std::chrono::milliseconds;
 // ============================================================================
 
 // The engine's knobs are study::Setup's (examples/workload.hpp), with `make
-// run`'s defaults: 40 blocks of 16 tokens, max_num_seqs 16. The rest is the
-// HTTP edge.
+// run`'s defaults: 40 blocks of 16 tokens, max_num_seqs 16, so that
+// build/loadgen's default workload (make run's, over HTTP) preempts here as
+// it does there. The rest is the HTTP edge.
+//
+// Two defaults are deliberate. The server listens on 127.0.0.1 only: it
+// has no authentication, and a teaching server should not be reachable from
+// the network by accident (--host 0.0.0.0 says so explicitly). And
+// --step-delay-ms is 0: the built-in model steps in about a millisecond, so a
+// preemption pause is over before a human watching curl could see it; a
+// delay of 50-100 ms per step slows everything down evenly, and the pause
+// becomes something you watch happen.
 struct Options : study::Setup {
     std::string checkpoint, tokenizer, model_name;
     std::string host = "127.0.0.1";
@@ -164,22 +173,42 @@ Options parse(int argc, char** argv) {
 // ============================================================================
 // 2. The hand-over: inbox, channels and the engine thread
 // ============================================================================
+//
+// Two directions, two kinds of queue:
+//
+//   workers --Item--> [ inbox: one deque, one mutex ] --> engine thread
+//   engine thread --StreamEvent--> [ Channel: one per request ] --> its worker
+//
+// Why not let the workers lock the engine and call it themselves? A step
+// takes milliseconds (seconds on a slow device), and every worker would
+// queue on that lock -- including the ones that only want to shed a request
+// or scrape /metrics. With the inbox, a worker holds a lock only for a
+// push_back; the engine thread takes everything in one swap between steps,
+// so a burst of a hundred requests costs it one lock, not a hundred.
+//
+// Why one channel per request instead of one queue for all events? Each
+// worker waits for its own request's events only, and the engine thread,
+// routing an event, touches only that request's lock: a slow client never
+// delays the delivery of anyone else's tokens.
 
 // A request's mailbox: the engine thread writes, one worker reads.
 struct Channel {
     std::mutex m;
     std::condition_variable cv;
-    // The door: the engine's verdict on add_request, which the worker waits
-    // for before it chooses the HTTP status.
+    // The door: the engine's verdict on add_request. The worker waits for
+    // it before it sends a status line: once "200 OK" is on the wire, a
+    // refusal could only be told inside the stream.
     enum class Door { kPending, kAccepted, kRejected } door = Door::kPending;
-    std::string reject_reason;
-    bool retryable = false;            // a full queue: 429, not 400
-    std::deque<pkv::StreamEvent> events;
+    std::string reject_reason;         // why, when rejected
+    bool retryable = false;            // a full queue (429), not a bad request (400)
+    std::deque<pkv::StreamEvent> events;  // [undelivered] tokens and state changes, in engine order
     bool broken = false;               // the engine stopped or failed: no more events will come
-    int id = -1;                       // the engine's request id (written by the engine thread)
+    int id = -1;                       // the engine's request id (set by the engine thread)
 
     // Moves every pending event into `out`, waiting up to `timeout` for the
-    // first. Returns false when the channel is broken and empty.
+    // first. Returns false when the channel is broken and empty. Taking all
+    // at once matters: after a stall (a slow client) the worker catches up in
+    // one write instead of one wake-up per token.
     bool take(std::vector<pkv::StreamEvent>& out, milliseconds timeout) {
         std::unique_lock<std::mutex> lk(m);
         cv.wait_for(lk, timeout, [&] { return !events.empty() || broken; });
@@ -192,16 +221,28 @@ struct Channel {
             std::lock_guard<std::mutex> lk(m);
             events.push_back(e);
         }
-        cv.notify_one();
+        cv.notify_one();  // outside the lock: the woken worker need not wait for it
+    }
+    // No more events will come (the engine stopped): wake the worker.
+    void close() {
+        {
+            std::lock_guard<std::mutex> lk(m);
+            broken = true;
+        }
+        cv.notify_all();
     }
 };
 
-// A metrics scrape, answered by the engine thread between two steps.
+// A metrics scrape, answered by the engine thread between two steps: the
+// Metrics object is the engine's, so it is read where it is written.
 struct Scrape {
     std::string engine_text;  // Engine::prometheus()
     int free_blocks = 0, num_blocks = 0;
 };
 
+// Owns the engine thread. Workers call submit(), abort() and scrape(); the
+// engine thread runs loop(), and is the only thread that touches `eng_`
+// once start() has been called (before that, main sets it up).
 class EngineLoop {
 public:
     enum class Admit { kQueued, kShed, kDown };
@@ -216,6 +257,7 @@ public:
     ~EngineLoop() { stop(); }
 
     void start() { thread_ = std::thread([this] { run(); }); }
+    // Waits for the engine thread to finish its step and leave.
     void stop() {
         {
             std::lock_guard<std::mutex> lk(m_);
@@ -229,7 +271,10 @@ public:
 
     // Hands a request over, or sheds it at once when the waiting queue is at
     // --max-waiting. The count is the engine's waiting queue as of its last
-    // step, plus the requests handed over since: no step is waited for.
+    // publish (after its last step), plus the requests handed over since and
+    // not yet taken: a worker decides without waiting for a step. It can be
+    // one step stale, in both directions; the scheduler's own max_waiting
+    // check at add_request is exact, and what slips past us meets it there.
     Admit submit(std::vector<int32_t> prompt, const pkv::SamplingParams& params, std::shared_ptr<Channel> ch) {
         {
             std::lock_guard<std::mutex> lk(m_);
@@ -245,7 +290,7 @@ public:
     void abort(std::shared_ptr<Channel> ch) {
         {
             std::lock_guard<std::mutex> lk(m_);
-            if (stopping_) return;
+            if (stopping_ || !failed_.empty()) return;
             inbox_.push_back(Item{Item::kAbort, {}, {}, std::move(ch), nullptr});
         }
         cv_.notify_one();
@@ -272,6 +317,8 @@ public:
     }
 
 private:
+    // What a worker hands over. One struct for all three kinds keeps the
+    // inbox a plain deque; the fields a kind does not use stay empty.
     struct Item {
         enum Kind { kSubmit, kAbort, kScrape } kind;
         std::vector<int32_t> prompt;              // kSubmit: [prompt tokens]
@@ -287,49 +334,51 @@ private:
             loop();
         } catch (const std::exception& e) {
             // A step that throws is a bug (or memory ran out): every stream
-            // ends with an error, and /health says so.
+            // ends with an error event, /health answers 503, new requests too.
             std::fprintf(stderr, "serve: the engine stopped: %s\n", e.what());
             std::lock_guard<std::mutex> lk(m_);
             failed_ = e.what();
         }
-        for (auto& [id, ch] : live_) {
-            std::lock_guard<std::mutex> lk(ch->m);
-            ch->broken = true;
-            ch->cv.notify_all();
-        }
+        // Nobody will answer these any more: requests in the engine, items
+        // taken but not applied (when an item threw), items never taken.
+        for (auto& [id, ch] : live_) ch->close();
         live_.clear();
-        // Whatever was handed over and never taken: no engine will answer it.
+        for (Item& it : taken_)
+            if (it.ch) it.ch->close();
         std::lock_guard<std::mutex> lk(m_);
-        for (Item& it : inbox_) {
-            if (!it.ch) continue;
-            std::lock_guard<std::mutex> c(it.ch->m);
-            it.ch->broken = true;
-            it.ch->cv.notify_all();
-        }
+        for (Item& it : inbox_)
+            if (it.ch) it.ch->close();
         inbox_.clear();
     }
 
+    // The engine thread's whole life: take what was handed over, apply it,
+    // run one step, publish the queue length the workers shed on; sleep only
+    // when the engine has nothing to do. Aborts are applied here, between
+    // two steps, never inside one (the step's batch holds the blocks).
     void loop() {
         for (;;) {
-            std::deque<Item> items;
             {
                 std::unique_lock<std::mutex> lk(m_);
-                // Sleep only when there is nothing to compute.
                 cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || eng_.has_unfinished(); });
                 if (stopping_) return;
-                items.swap(inbox_);
+                taken_.swap(inbox_);  // inbox_ is now empty: workers go on filling it
             }
             int submitted = 0;
-            for (Item& it : items) submitted += apply(it);
+            while (!taken_.empty()) {
+                submitted += apply(taken_.front());
+                taken_.pop_front();
+            }
             publish(submitted);
             if (!eng_.has_unfinished()) continue;
             eng_.step();
             publish(0);
+            // The demo knob: a slower step makes a pause long enough to watch.
             if (step_delay_ms_ > 0) std::this_thread::sleep_for(milliseconds(step_delay_ms_));
         }
     }
 
-    // Returns 1 for a submission (it leaves the handed-over count).
+    // One handed-over item. Returns 1 for a submission (it leaves the
+    // handed-over count once the engine has it in its own queue).
     int apply(Item& it) {
         switch (it.kind) {
             case Item::kSubmit: {
@@ -356,7 +405,8 @@ private:
             }
             case Item::kAbort: {
                 // Between steps: the blocks are free when abort() returns, and
-                // its kFinished(aborted) event closes the route.
+                // its kFinished(aborted) event closes the route. An abort for a
+                // request that finished meanwhile finds no route: nothing to do.
                 const int id = it.ch->id;  // written by this thread
                 if (live_.count(id)) eng_.abort(id);
                 return 0;
@@ -374,7 +424,8 @@ private:
     }
 
     // Engine::on_event: every token and state change goes to its request's
-    // channel. A finished request's route is dropped.
+    // channel, in the order the engine emits them (engine.hpp section 2). A
+    // finished request's route is dropped: nothing follows kFinished.
     void route(const pkv::StreamEvent& e) {
         auto it = live_.find(e.request_id);
         if (it == live_.end()) return;
@@ -382,8 +433,10 @@ private:
         if (e.type == pkv::EventType::kFinished) live_.erase(it);
     }
 
-    // The count the workers shed on: waiting (new and preempted) and swapped
-    // requests, as the scheduler's own max_waiting counts them, plus swapped.
+    // The count workers shed on: the requests waiting for the engine (new
+    // and preempted, and swapped out), as of now. A preemption puts its
+    // victim back into the waiting queue, so under thrash this count grows
+    // with no new arrival at all: the edge then sheds the newcomers.
     void publish(int submitted) {
         const int waiting = (int)(eng_.scheduler().waiting().size() + eng_.scheduler().swapped().size());
         std::lock_guard<std::mutex> lk(m_);
@@ -393,7 +446,10 @@ private:
 
     pkv::Engine& eng_;  // touched by the engine thread only (after start())
     const int max_waiting_, step_delay_ms_;
-    std::unordered_map<int, std::shared_ptr<Channel>> live_;  // engine thread only: request id -> channel
+    // Engine thread only: request id -> its channel, for requests that can
+    // still emit; and the items taken from the inbox, being applied.
+    std::unordered_map<int, std::shared_ptr<Channel>> live_;
+    std::deque<Item> taken_;
 
     std::mutex m_;  // guards everything below
     std::condition_variable cv_;
@@ -401,7 +457,7 @@ private:
     int waiting_ = 0;      // the engine's waiting + swapped queues, as of its last publish
     int handed_over_ = 0;  // submissions in the inbox or being applied
     bool stopping_ = false;
-    std::string failed_;
+    std::string failed_;   // why the engine thread stopped ("" while it runs)
     std::thread thread_;
 };
 
@@ -409,27 +465,39 @@ private:
 // 3. Connections: a capped pool of workers
 // ============================================================================
 //
-// cpp-httplib's accept loop hands every accepted connection to a TaskQueue as
-// a closure that serves it and closes it. Its default ThreadPool queues
-// without limit: under a flood, new connections would wait behind long
-// streams. Ours runs at most `workers` at once; beyond that, a connection
-// goes to a rejecter thread, which serves it with t_overflow set, and the
-// pre-routing handler answers it 429 before reading its body. When even the
-// rejecters' queue is full, the accept loop answers itself, which slows
-// accepting down: the flood then waits in the kernel's listen backlog, not
-// in our memory.
+// cpp-httplib does blocking I/O, one thread per connection: its accept loop
+// hands every accepted connection to a TaskQueue as a closure that reads the
+// request, runs our handler, writes the answer and closes the socket. A
+// stream therefore holds its thread for as long as it streams, pauses
+// included, so the number of workers is also the number of streams the
+// server can carry at once.
+//
+// The default TaskQueue (httplib::ThreadPool) queues without limit: under a
+// flood, a new connection would wait, unanswered, behind streams that may
+// last minutes -- the opposite of a fast failure. Ours runs at most `workers`
+// connections at once. Beyond that a connection goes to a rejecter thread,
+// which serves it with t_overflow set, and the pre-routing handler answers
+// it 429 before its body is read. When even the rejecters' queue is full,
+// the accept loop serves the connection itself, which slows accepting down:
+// the flood then waits in the kernel's listen backlog, not in our memory.
+//
+// The closure is all we are given (not the socket), so "reject this one"
+// cannot be said to cpp-httplib directly; a thread-local flag, read by the
+// pre-routing handler on the same thread, says it.
 
 thread_local bool t_overflow = false;  // this thread is answering a connection over the cap
 
 class ConnectionQueue : public httplib::TaskQueue {
 public:
-    // cpp-httplib 0.15 made enqueue() report success (bool); Debian 12's 0.11 returns void.
+    // cpp-httplib 0.15 made enqueue() report success (bool); Debian 12's 0.11
+    // returns void. We override whichever this header declares.
     using Ret = decltype(std::declval<httplib::TaskQueue&>().enqueue(std::function<void()>()));
 
     explicit ConnectionQueue(int workers) : workers_(workers) {
         for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(jobs_, false); });
         for (int i = 0; i < kRejecters; ++i) threads_.emplace_back([this] { work(overflow_, true); });
     }
+    // Called by the accept loop, once per accepted connection.
     Ret enqueue(std::function<void()> fn) override {
         std::unique_lock<std::mutex> lk(m_);
         if (busy_ + (int)jobs_.size() < workers_) {
@@ -445,6 +513,9 @@ public:
         cv_.notify_all();
         return accepted<Ret>();
     }
+    // Called by the accept loop when the server stops: every thread finishes
+    // the connection it serves (a stream sees the shutdown within 50 ms) and
+    // the queued ones, then leaves.
     void shutdown() override {
         {
             std::lock_guard<std::mutex> lk(m_);
@@ -455,6 +526,8 @@ public:
     }
 
 private:
+    // Two rejecters: one connection that sends its request slowly holds one
+    // (up to the read timeout), and the other goes on answering 429s.
     static constexpr int kRejecters = 2, kMaxOverflow = 64;
     template <class R>
     static R accepted() {
@@ -465,6 +538,7 @@ private:
         fn();
         t_overflow = false;
     }
+    // A worker (over_cap false) or a rejecter (true): take a connection, serve it.
     void work(std::deque<std::function<void()>>& q, bool over_cap) {
         for (;;) {
             std::function<void()> fn;
@@ -512,6 +586,12 @@ struct EdgeStats {
     std::atomic<long> shed_queue_full{0}, shed_connections{0}, bad_requests{0}, disconnects{0}, open_answers{0};
 };
 
+// The HTTP side. Every handler runs on a worker thread and follows one
+// path: read and check the request (openai_api.hpp), shed or hand it over
+// (EngineLoop), wait for the engine's verdict, then write the answer from
+// the request's channel. The handlers share only what is read-only after
+// construction (options, tokenizer, limits) and what is atomic (EdgeStats,
+// the answer counter); the engine is reached through loop_ alone.
 class Server {
 public:
     Server(const Options& o, pkv::Engine& eng, const pkv::Tokenizer& tok)
@@ -558,12 +638,26 @@ private:
         // One request per connection: no worker waits on an idle keep-alive
         // connection. A new connection gets read_timeout (at least a whole
         // second: cpp-httplib counts that wait in seconds) to send its request.
+        // The price is one TCP handshake per request, nothing on loopback;
+        // clients reconnect on their own (curl, the openai package).
+        //
+        // The two timeouts are what makes a slow client cheap. The read
+        // timeout bounds each wait for request bytes: a client that stops
+        // sending mid-request is answered 400 and its worker is free again.
+        // The write timeout bounds each wait for a client to take our bytes:
+        // a client that stops reading (its socket buffers full) makes a
+        // write fail, the answer ends, and its request is aborted, so it
+        // cannot hold KV blocks either.
         http_.set_keep_alive_max_count(1);
         http_.set_keep_alive_timeout(std::max<time_t>(1, (time_t)std::ceil(o_.read_timeout)));
         const auto usec = [](double s) { return (time_t)((s - std::floor(s)) * 1e6); };
         http_.set_read_timeout((time_t)std::floor(o_.read_timeout), usec(o_.read_timeout));
         http_.set_write_timeout((time_t)std::floor(o_.write_timeout), usec(o_.write_timeout));
+        // A body larger than this is refused (413) before it is read into
+        // memory; completion() applies the same cap to bodies without a
+        // Content-Length (chunked, or compressed).
         http_.set_payload_max_length((size_t)o_.max_body_kib * 1024);
+        // cpp-httplib calls this once, when the accept loop starts (section 3).
         http_.new_task_queue = [this] { return new ConnectionQueue(o_.max_connections); };
 
         // Before any body is read: connections over the cap, and methods no
@@ -612,6 +706,8 @@ private:
             send_error(res, 500, "internal error: " + what, "server_error", "internal_error");
         });
 
+        // The routes. The two POSTs take a ContentReader: the body is read
+        // by completion(), under our cap, not by cpp-httplib beforehand.
         http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
             completion(req, res, rd, /*chat=*/false);
         });
@@ -623,6 +719,7 @@ private:
                                      {"owned_by", "pagedkv"}, {"max_model_len", lim_.max_model_len}};
             res.set_content(openai::dump({{"object", "list"}, {"data", openai::ojson::array({m})}}), "application/json");
         });
+        // 200 while the engine thread runs; 503 once it has failed.
         http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
             const std::string f = loop_.failure();
             if (f.empty()) return res.set_content("{\"status\":\"ok\"}", "application/json");
@@ -642,7 +739,10 @@ private:
         return "the request body is larger than this server's limit of " + std::to_string(o_.max_body_kib) + " KiB (--max-body-kib)";
     }
 
-    // An OpenAI-style error. A 429 or 503 says when to retry.
+    // An OpenAI-style error (openai_api.hpp section 1). A 429 or 503 says
+    // when to retry: one second, a fixed guess. A busier server could compute
+    // it from the queue's drain rate; a client that retries sooner is shed
+    // again, cheaply, so a guess is safe.
     void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& type, const std::string& code,
                     const std::string& param = "", bool retry = false) {
         res.status = status;
@@ -661,6 +761,14 @@ private:
     }
 
     // ---- /metrics ----------------------------------------------------------------
+    //
+    // The engine's own Prometheus text (metrics.hpp), then the edge's
+    // families. The engine's part is produced on the engine thread (through
+    // the inbox, between two steps), because Metrics is written there: a
+    // scrape during a long step waits for its end, as a vLLM scrape shows the
+    // state as of its last step. The edge's counters are atomics, read here.
+    // The names carry vLLM's colon style ("pagedkv:"): promtool's linter
+    // remarks on the colon, and says nothing else (tests/test_serve.cpp).
 
     void metrics(httplib::Response& res) {
         Scrape s;
@@ -698,7 +806,11 @@ private:
     // One answer in progress: what the content provider needs between calls.
     // cpp-httplib calls the provider again and again on the worker's thread
     // until it says the answer is done (or fails); the releaser runs when
-    // the response is destroyed, whatever happened.
+    // the response is destroyed, whatever happened. Provider and releaser
+    // run on the same worker thread, one after the other: an Answer needs no
+    // lock of its own. A non-streamed answer goes through a provider too
+    // (its one body written at the end, chunked): that is how it, too,
+    // notices a client that hangs up while it waits.
     struct Answer {
         openai::Request req;
         openai::AnswerId id;
@@ -815,12 +927,20 @@ private:
     // One call of the content provider: wait briefly for events, write what
     // they make. Returns false to end the answer with an error (the client
     // is gone); true otherwise, and cpp-httplib calls again until sink.done().
+    //
+    // Each token is its own SSE event, sent as soon as the engine thread has
+    // routed it: what a client times between two events is the engine's
+    // inter-token latency plus a few microseconds of loopback. During a
+    // preemption pause there are no events: we write nothing (the stream goes
+    // quiet, which is what the client sees), and every 50 ms we only ask the
+    // socket whether the client is still there. A client that left during a
+    // pause is noticed then; one that leaves while tokens flow is noticed at
+    // the next write, which fails.
     bool write_some(Answer& a, httplib::DataSink& sink) {
         std::vector<pkv::StreamEvent> events;
-        // 50 ms: how soon a client that left during a pause is noticed.
         if (!a.ch->take(events, milliseconds(50))) return fail(a, sink, "the engine stopped before this request finished");
         if (events.empty()) return sink.is_writable();  // nothing new; is the client still there?
-        std::string out;  // the SSE bytes of this call
+        std::string out;  // the SSE bytes of this call: written at once, one syscall
         for (const pkv::StreamEvent& e : events) {
             if (a.done) break;
             switch (e.type) {
@@ -851,7 +971,8 @@ private:
                     break;
                 case pkv::EventType::kFinished:
                     if (e.reason == pkv::FinishReason::kError || e.reason == pkv::FinishReason::kAborted) {
-                        if (!sink.write(out.data(), out.size())) return false;
+                        // (Never write 0 bytes: cpp-httplib takes that as "no more data".)
+                        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
                         return fail(a, sink, std::string("the request ended early: ") +
                                                  (e.reason == pkv::FinishReason::kError ? "its forward pass failed" : "it was aborted"));
                     }
@@ -925,13 +1046,20 @@ private:
 // 5. main
 // ============================================================================
 
+// Start-up order: parse, load, build the engine, bind the port (an error
+// there is one line and exit status 1, before any thread exists), print
+// "listening on ..." (true from this moment: a client that connects now
+// waits in the kernel's backlog), then start the engine thread and the
+// accept loop. Shutdown runs it backwards.
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     // A client that hangs up must not kill us: writes to its socket fail with
     // EPIPE instead of raising SIGPIPE (cpp-httplib's sends do not ask for that).
     ::signal(SIGPIPE, SIG_IGN);
     // Ctrl-C and SIGTERM are taken by one thread with sigwait(); every thread
-    // started from here on inherits the blocked mask.
+    // started from here on inherits the blocked mask. Not a signal handler:
+    // a handler may only call async-signal-safe functions, and stopping the
+    // server takes locks and joins threads.
     sigset_t stop_signals;
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);

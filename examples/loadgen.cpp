@@ -181,7 +181,7 @@ void write_chart(const Options& o, const std::vector<Result>& rs, double t0, dou
     c1.x_label = "seconds since the first request";
     c1.y_label = "gap (ms)";
     svg::Series mx{"largest gap in the bin", {}, {}}, med{"median gap in the bin", {}, {}};
-    mx.markers = med.markers = false;
+    med.markers = false;  // the largest gaps keep their dots: a pause is one bin
     for (int b = 0; b < bins; ++b) {
         if (gaps[b].empty()) continue;
         mx.x.push_back((b + 0.5) * w);

@@ -373,7 +373,11 @@ private:
             eng_.step();
             publish(0);
             // The demo knob: a slower step makes a pause long enough to watch.
-            if (step_delay_ms_ > 0) std::this_thread::sleep_for(milliseconds(step_delay_ms_));
+            // (A wait, not a sleep: stop() cuts it short.)
+            if (step_delay_ms_ > 0) {
+                std::unique_lock<std::mutex> lk(m_);
+                cv_.wait_for(lk, milliseconds(step_delay_ms_), [&] { return stopping_; });
+            }
         }
     }
 

@@ -356,6 +356,35 @@ Reply raw(int port, const std::string& bytes, double timeout_s = 10) {
     return r;
 }
 
+// Sends `bytes` and reads only the status line and headers, and the body when
+// it has a Content-Length (an error); then hangs up. A stream's body is not
+// waited for.
+Reply raw_head(int port, const std::string& bytes, double timeout_s) {
+    const auto t0 = sse::Clock::now();
+    const int fd = connect_to(port);
+    send_all(fd, bytes);
+    std::string got;
+    for (;;) {
+        const double left = timeout_s - seconds_since(t0);
+        const size_t end = got.find("\r\n\r\n");
+        if (end != std::string::npos) {
+            const Reply head = parse_reply(got);
+            const std::string len = head.header("Content-Length");
+            if (len.empty() || got.size() >= end + 4 + std::strtoul(len.c_str(), nullptr, 10)) break;
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
+        char buf[4096];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        got.append(buf, (size_t)n);
+    }
+    ::close(fd);
+    Reply r = parse_reply(got);
+    r.seconds = seconds_since(t0);
+    return r;
+}
+
 std::string post(const std::string& path, const std::string& body, const std::string& extra_headers = "") {
     return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra_headers +
            "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
@@ -642,39 +671,47 @@ TEST_CASE("a client that hangs up mid-stream: its request is aborted and its blo
 
 TEST_CASE("shedding at the edge: 429 with Retry-After while the engine is inside a step") {
     SigpipeGuard guard;
-    // One request runs at a time, one may wait; each step is followed by a
-    // 600 ms pause, during which the engine thread takes nothing from its inbox.
-    ServeProcess srv({"--max-num-seqs", "1", "--max-waiting", "1", "--step-delay-ms", "600"});
+    // One request runs at a time, one may wait; every step is followed by a
+    // 1 s pause, during which the engine thread takes nothing from its inbox.
+    ServeProcess srv({"--max-num-seqs", "1", "--max-waiting", "1", "--step-delay-ms", "1000"});
     if (!srv.running()) return;
     Req r;
     pkv_test::Rng rng(5);
     r.prompt = random_prompt(rng, 8);
     r.params.max_tokens = 50;
     r.params.ignore_eos = true;
-    // A runs; B waits behind it (max_num_seqs 1). A's first token means the
-    // first step is over and the engine sleeps.
-    sse::Stream b;
-    std::thread tb;
+    // A's first token means its first step is over and the engine has begun
+    // its pause (A's client then hangs up; that abort waits for the pause too).
     const sse::Stream a = sse::post_stream(target(srv), "/v1/completions", body_for(r, true), 1);
     REQUIRE(a.status == 200);
-    tb = std::thread([&] { b = sse::post_stream(target(srv), "/v1/completions", body_for(r, true), 1); });
-    // B reaches the engine's waiting queue at the next drain; give it time,
-    // then ask for C while the engine is still in its pause.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    Reply c;
-    for (int tries = 0; tries < 40 && c.status != 429; ++tries) {
-        c = raw(srv.port(), post("/v1/completions", body_for(r, true)), 5);
-        if (c.status != 429) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    CHECK(c.status == 429);
+    REQUIRE(!a.token_times.empty());
+    // Now B and C, at once. The waiting queue has room for one: whichever
+    // of the two workers counts second must be shed, at once, while the
+    // other is handed over and answered when the engine wakes.
+    Reply bc[2];
+    double done_at[2] = {0, 0};
+    std::thread th[2];
+    for (int i = 0; i < 2; ++i)
+        th[i] = std::thread([&, i] {
+            bc[i] = raw_head(srv.port(), post("/v1/completions", body_for(r, true)), 10);
+            done_at[i] = sse::now();
+        });
+    for (std::thread& t : th) t.join();
+    const int shed = bc[0].status == 429 ? 0 : 1, in = 1 - shed;
+    CHECK(bc[shed].status == 429);
+    CHECK(bc[in].status == 200);
+    const Reply& c = bc[shed];
     CHECK(c.header("Retry-After") == "1");
     CHECK(error_shape_problem(c.body) == "");
-    CHECK(json::parse(c.body)["error"]["code"] == "queue_full");
-    // Fast: inside half the engine's pause, so no step was waited for.
-    CHECK(c.seconds < 0.3);
-    tb.join();
-    CHECK(b.status == 200);
-    CHECK(metric(srv, "pagedkv:http_shed_total", "{reason=\"queue_full\"}") >= 1);
+    CHECK(c.body.find("\"code\":\"queue_full\"") != std::string::npos);
+    // Fast: answered before the engine's pause was over (1 s after A's first
+    // token), so no step and no drain of the inbox was waited for; the
+    // request that got in was answered only after it.
+    INFO("429 after " << (done_at[shed] - a.token_times.front()) << " s of the pause, the admitted one after "
+                      << (done_at[in] - a.token_times.front()) << " s");
+    CHECK(done_at[shed] - a.token_times.front() < 1.0);
+    CHECK(done_at[shed] < done_at[in]);
+    CHECK(metric(srv, "pagedkv:http_shed_total", "{reason=\"queue_full\"}") == 1);
     srv.stop();
 }
 

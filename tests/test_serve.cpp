@@ -552,6 +552,13 @@ TEST_CASE("streamed tokens equal the in-process engine's: greedy and seeded samp
     CHECK(cs.status == 200);
     CHECK(cs.token_ids == want.back());
     CHECK(cs.text == expected_text(chat.prompt, want.back()));
+    // stream_options.include_usage: one more chunk before [DONE], with the counts.
+    json uj = json::parse(body_for(reqs[4], true));
+    uj["stream_options"] = {{"include_usage", true}};
+    const sse::Stream us = sse::post_stream(target(srv), "/v1/completions", uj.dump());
+    CHECK(us.token_ids == want[4]);
+    CHECK(us.prompt_tokens == (long)reqs[4].prompt.size());
+    CHECK(us.completion_tokens == (long)want[4].size());
     // A stop string: the text ends before it, and the request is aborted
     // (the engine would have gone on to max_tokens).
     const std::string full = expected_text(reqs[0].prompt, want[0]);

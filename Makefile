@@ -14,8 +14,12 @@
 #   make vs-runc    our generate against llama2.c's run.c -Ofast, whole runs on one thread,
 #                   interleaved, median of 7 (tools/vs_runc.sh; needs llama2.c in build/llama2.c)
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
-#                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH)
-#   make tsan       the kernel tests under ThreadSanitizer (emulated kernels)
+#                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH);
+#                   the HTTP server is `make cuda-serve`
+#   make tsan       the kernel tests under ThreadSanitizer (emulated kernels), and
+#                   build/serve under ThreadSanitizer with concurrent clients
+#   make serve      build and start the HTTP server (examples/serve.cpp) on
+#                   127.0.0.1:8000 (SERVE_ARGS="--port 9000 ..." to change)
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
 #                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
 #   make plots      the charts lab/LAB.md shows, refreshed into lab/plots/
@@ -47,7 +51,9 @@ SANFLAGS ?=
 CXXFLAGS += $(KIT_CXXFLAGS)
 CXXFLAGS += $(SANFLAGS)
 
-HEADERS  := $(wildcard *.cuh *.hpp core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh)
+# The HTTP example's own headers only rebuild what includes them.
+HTTP_HEADERS := examples/openai_api.hpp examples/sse_client.hpp
+HEADERS  := $(filter-out $(HTTP_HEADERS),$(wildcard *.cuh *.hpp core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh))
 # The programs: examples/ (make run's demo, generate, kv_tour, ...) and lab/
 # (benches, studies, the simulator's own programs). Both build to $(BUILD)/NAME.
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst lab/%.cpp,%,$(wildcard lab/*.cpp))
@@ -63,9 +69,18 @@ TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
 DEPS        := build/deps
 DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
+# The HTTP example (build/serve, build/loadgen, tests/test_serve.cpp) also
+# needs cpp-httplib and nlohmann/json: tests/get_deps.sh installs them (as
+# root) or unpacks the Debian packages into build/deps, and writes the flags
+# Debian's build of cpp-httplib must be compiled and linked with into
+# $(DEPS)/http.flags and $(DEPS)/http.libs (read when a recipe runs). Nothing
+# else needs them: `make run` and every other program build without.
+HTTP_PROGRAMS := serve loadgen
+HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
+HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
 .PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
-        exercises exercise grade kit-selftest vs-runc
+        exercises exercise grade kit-selftest vs-runc check-httpdeps serve tsan-serve
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -76,6 +91,10 @@ $(BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
+$(addprefix $(BUILD)/,$(HTTP_PROGRAMS)): $(BUILD)/%: examples/%.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) $< -o $@ $(HTTP_LIBS)
+
 $(BUILD)/%: tools/%.cpp $(HEADERS) $(wildcard tools/*.hpp)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
@@ -84,14 +103,27 @@ $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-d
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/tests: $(TEST_OBJS)
-	$(CXX) $(CXXFLAGS) $^ -o $@
+# tests/test_serve.cpp talks HTTP: it needs the HTTP libraries too.
+$(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) -c $< -o $@
+
+$(BUILD)/tests: $(TEST_OBJS) | check-httpdeps
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(HTTP_LIBS)
 
 check-doctest:
 	@$(if $(DOCTEST_INC),test -f $(DOCTEST_INC)/doctest/doctest.h,tests/get_doctest.sh $(DEPS))
+check-httpdeps:
+	@tests/get_deps.sh $(DEPS)
 
 run: $(BUILD)/overload
 	./$(BUILD)/overload
+
+# The server, in the foreground (Ctrl-C stops it). `make run`'s cache: 40
+# blocks of 16 tokens, so build/loadgen's default workload preempts.
+SERVE_ARGS ?= --port 8000
+serve: $(BUILD)/serve
+	./$(BUILD)/serve $(SERVE_ARGS)
 
 # The tests run the programs (llama2.c byte-for-byte check, the bad-input
 # table, the flag fuzz), so everything is built first.
@@ -138,17 +170,28 @@ sanitize:
 $(BUILD)/san_tests: $(patsubst %,$(BUILD)/obj/tests/%.o,$(SAN_SUITES))
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-check-headers:
-	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas)
+# (examples/openai_api.hpp and examples/sse_client.hpp are the HTTP example's
+# and include its libraries.)
+check-headers: check-httpdeps
+	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas) -isystem $(DEPS)/include $(HTTP_CFLAGS)
 
-# ThreadSanitizer over the emulated kernels: each CUDA thread is a real thread,
-# so a missing __syncthreads() is a data race TSan reports. Only the suites
+# ThreadSanitizer over the emulated kernels: each CUDA thread is a fiber that
+# TSan tracks like a thread, and a barrier is declared as the order it gives
+# (core/cuda_emulation.hpp), so a missing barrier is a data race TSan reports. Only the suites
 # that launch kernels are built and run: kernels (tests/test_kernels.cpp,
 # tests/test_gpu_gemm.cpp), kv_dtype and swap (the kernel path over f16/int8
 # caches and through swap).
 tsan:
 	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/kernel_tests
 	./build/tsan/kernel_tests -ts=kernels,kv_dtype,swap
+	$(MAKE) tsan-serve
+
+# The server's hand-over under ThreadSanitizer: build/tsan/serve and
+# build/tsan/loadgen, a short run of concurrent streams with preemptions,
+# disconnects, 429s and scrapes (tests/tsan_serve.sh); any report fails it.
+tsan-serve:
+	$(MAKE) BUILD=build/tsan OPT="-O1 -g" OPENMP=0 SANFLAGS="-fsanitize=thread" build/tsan/serve build/tsan/loadgen
+	tests/tsan_serve.sh build/tsan
 
 $(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels.o $(BUILD)/obj/tests/test_gpu_gemm.o \
                       $(BUILD)/obj/tests/test_kv_dtype.o $(BUILD)/obj/tests/test_swap.o
@@ -186,12 +229,16 @@ NVCC_WERROR ?= -Xcompiler -Werror
 CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCCFLAGS   ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-ffp-contract=off,-fopenmp $(NVCC_WERROR) -I. \
                $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
-CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(TEST_SRCS))
+# The HTTP example and its test stay out of `make cuda`: a GPU machine's one
+# run (tests/gpu_check.sh) must not depend on fetching packages. `make
+# cuda-serve` builds the server with nvcc, for --device cuda.
+CUDA_EXAMPLES  := $(filter-out $(HTTP_PROGRAMS),$(EXAMPLES))
+CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out tests/test_serve.cpp,$(TEST_SRCS)))
 
-.PHONY: cuda-examples
-cuda: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES)) $(CUDA_BUILD)/tests
+.PHONY: cuda-examples cuda-serve
+cuda: $(addprefix $(CUDA_BUILD)/,$(CUDA_EXAMPLES)) $(CUDA_BUILD)/tests
 # Only the programs, no doctest needed (gpu_check.sh, where doctest is absent).
-cuda-examples: $(addprefix $(CUDA_BUILD)/,$(EXAMPLES))
+cuda-examples: $(addprefix $(CUDA_BUILD)/,$(CUDA_EXAMPLES))
 
 $(CUDA_BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
@@ -200,6 +247,12 @@ $(CUDA_BUILD)/%: examples/%.cpp $(HEADERS)
 $(CUDA_BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
+
+# nvcc takes the link flags in its own spelling.
+cuda-serve: $(CUDA_BUILD)/serve
+$(CUDA_BUILD)/serve: examples/serve.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(HTTP_CFLAGS) -x cu $< -o $@ -lgomp $$(sed -e 's/-pthread/-Xcompiler -pthread/' -e 's/-Wl,/-Xlinker /' $(DEPS)/http.libs)
 
 $(CUDA_BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)

@@ -1,0 +1,1060 @@
+// tests/test_serve.cpp -- build/serve seen from its clients, over real HTTP on
+// 127.0.0.1 (the "serve" suite). Each test starts its own server on a free
+// port (--port 0), talks to it, and stops it with SIGTERM, checking a clean
+// exit and no sanitizer report. Every wait is bounded.
+//
+//   - streamed tokens equal the in-process engine's for the same requests,
+//     greedy and seeded sampling, streamed and not, text and token-id prompts;
+//   - a run that preempts: every stream pauses (the client sees the gap and
+//     the server's ": pagedkv preempted" comment) and loses nothing;
+//   - a client that hangs up aborts its request and its blocks are freed;
+//   - shedding: 429 + Retry-After while the engine is busy with a step;
+//   - a table of bad HTTP input, each a 4xx with an OpenAI-style error body,
+//     while another client's stream runs on, unaffected;
+//   - /metrics passes `promtool check metrics` (when promtool is here);
+//   - clients no one here wrote: curl -N, and the official `openai` npm
+//     package (skipped, saying why, without Node/npm or the registry);
+//   - openai_api.hpp on its own: defaults, the chat template, stop strings.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine.hpp"
+#include "examples/openai_api.hpp"
+#include "examples/sse_client.hpp"
+#include "examples/workload.hpp"
+#include "tests/test_util.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using pkv_test::shell_quote;
+
+double seconds_since(sse::Clock::time_point t0) { return std::chrono::duration<double>(sse::Clock::now() - t0).count(); }
+
+// ---------------------------------------------------------------------------
+// The model and the in-process reference
+// ---------------------------------------------------------------------------
+
+// The built-in model, as build/serve loads it by default.
+const pkv::ModelAndTokenizer& builtin() {
+    static const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
+    return mt;
+}
+
+struct Req {
+    std::vector<int32_t> prompt;
+    pkv::SamplingParams params;
+};
+
+// The output tokens of each request, run in-process on an engine configured
+// like the server (study::engine_config of the same Setup).
+std::vector<std::vector<int32_t>> reference(const study::Setup& s, const std::vector<Req>& reqs) {
+    pkv::Engine eng(pkv::make_model_runner(pkv::Device::kCpu, builtin().model), study::engine_config(s));
+    for (const Req& r : reqs) eng.add_request(r.prompt, r.params);
+    eng.run_until_done();
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < (int)reqs.size(); ++i) {
+        const pkv::Request* r = eng.request(i);
+        REQUIRE(r->finish_reason != pkv::FinishReason::kRejected);
+        out.emplace_back(r->tokens.begin() + r->num_prompt_tokens, r->tokens.end());
+    }
+    return out;
+}
+
+// The text a client should see for `out` after `prompt`: each token rendered
+// after the one before it, BOS and EOS as nothing (openai::TextStream).
+std::string expected_text(const std::vector<int32_t>& prompt, const std::vector<int32_t>& out) {
+    openai::TextStream ts(builtin().tok, prompt.back(), {});
+    std::string s;
+    for (int32_t t : out) s += ts.add(t);
+    return s + ts.flush();
+}
+
+// A request body: prompt as token ids, stream or not, with return_token_ids.
+std::string body_for(const Req& r, bool stream, bool chat_text = false, const std::string& text = "") {
+    json j;
+    if (chat_text) j["messages"] = json::array({{{"role", "user"}, {"content", text}}});
+    else if (!text.empty()) j["prompt"] = text;
+    else j["prompt"] = r.prompt;
+    j["max_tokens"] = r.params.max_tokens;
+    j["temperature"] = r.params.temperature;
+    if (r.params.top_p != 1.0f) j["top_p"] = r.params.top_p;
+    j["seed"] = (int64_t)r.params.seed;
+    if (r.params.ignore_eos) j["ignore_eos"] = true;
+    j["stream"] = stream;
+    j["return_token_ids"] = true;
+    return j.dump();
+}
+
+// ---------------------------------------------------------------------------
+// A server process
+// ---------------------------------------------------------------------------
+
+// SIGPIPE, blocked in this thread while a test talks to servers: a write to
+// a socket the server closed then fails with EPIPE instead of killing the
+// test binary. The mask is restored (and a pending SIGPIPE consumed) at the
+// end, so the programs other tests start do not inherit it.
+struct SigpipeGuard {
+    sigset_t old{};
+    SigpipeGuard() {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGPIPE);
+        pthread_sigmask(SIG_BLOCK, &s, &old);
+    }
+    ~SigpipeGuard() {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGPIPE);
+        const timespec zero{0, 0};
+        while (sigtimedwait(&s, nullptr, &zero) > 0) {
+        }
+        pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+};
+
+// build/serve (of this build: build/, build/asan/) on 127.0.0.1 and a free
+// port. The constructor returns once it listens; the destructor stops it.
+class ServeProcess {
+public:
+    explicit ServeProcess(const std::vector<std::string>& args) {
+        exe_ = pkv_test::need_program("serve");
+        if (exe_.empty()) return;
+        err_path_ = (fs::temp_directory_path() / ("pagedkv_serve_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++) + ".err")).string();
+        std::vector<std::string> argv_s = {exe_, "--port", "0"};
+        argv_s.insert(argv_s.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (std::string& a : argv_s) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        int out[2];
+        REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+        const int err_fd = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        REQUIRE(err_fd >= 0);
+        pid_ = ::fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            // The child: only async-signal-safe calls until exec. It dies
+            // with us if the test binary dies.
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            sigset_t none;
+            sigemptyset(&none);
+            ::sigprocmask(SIG_SETMASK, &none, nullptr);
+            ::dup2(out[1], 1);
+            ::dup2(err_fd, 2);
+            ::execv(argv[0], argv.data());
+            ::_exit(127);
+        }
+        ::close(out[1]);
+        ::close(err_fd);
+        out_fd_ = out[0];
+        // The line "listening on http://127.0.0.1:PORT"; 60 s for a
+        // sanitizer build on a busy machine.
+        std::string got;
+        const auto t0 = sse::Clock::now();
+        while (port_ == 0 && seconds_since(t0) < 60) {
+            pollfd p{out_fd_, POLLIN, 0};
+            if (::poll(&p, 1, 100) <= 0) continue;
+            char buf[512];
+            const ssize_t n = ::read(out_fd_, buf, sizeof buf);
+            if (n <= 0) break;
+            got.append(buf, (size_t)n);
+            const size_t at = got.find("listening on http://127.0.0.1:");
+            if (at != std::string::npos && got.find('\n', at) != std::string::npos) port_ = std::atoi(got.c_str() + at + 30);
+        }
+        stdout_ = got;
+        if (port_ == 0) {  // no destructor runs after a failed constructor: stop it here
+            ::kill(pid_, SIGKILL);
+            ::waitpid(pid_, nullptr, 0);
+            pid_ = -1;
+            ::close(out_fd_);
+        }
+        REQUIRE_MESSAGE(port_ > 0, "build/serve did not start listening; stdout:\n" << got << "\nstderr:\n" << err());
+    }
+    ServeProcess(const ServeProcess&) = delete;
+    ServeProcess& operator=(const ServeProcess&) = delete;
+    ~ServeProcess() {
+        if (pid_ > 0) stop();
+        if (!err_path_.empty()) {
+            std::error_code ec;
+            fs::remove(err_path_, ec);
+        }
+    }
+
+    bool running() const { return pid_ > 0 && port_ > 0; }
+    int port() const { return port_; }
+    std::string err() const {
+        std::ifstream f(err_path_);
+        return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+
+    // SIGTERM, and the checks every test makes: it stops within 20 s,
+    // exits 0, and no sanitizer reported anything.
+    void stop() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGTERM);
+        int status = 0;
+        const auto t0 = sse::Clock::now();
+        pid_t r = 0;
+        while ((r = ::waitpid(pid_, &status, WNOHANG)) == 0 && seconds_since(t0) < 20)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        const bool hung = r == 0;
+        if (hung) {
+            ::kill(pid_, SIGKILL);
+            ::waitpid(pid_, &status, 0);
+        }
+        pid_ = -1;
+        ::close(out_fd_);
+        const std::string e = err();
+        CHECK_MESSAGE(!hung, "build/serve did not stop within 20 s of SIGTERM");
+        CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "build/serve exited with status " << status << "; stderr:\n" << e);
+        CHECK_MESSAGE(e.find("Sanitizer") == std::string::npos, "sanitizer report:\n" << e);
+        CHECK_MESSAGE(e.find("runtime error:") == std::string::npos, "sanitizer report:\n" << e);
+    }
+
+private:
+    static int& counter() {
+        static int n = 0;
+        return n;
+    }
+    std::string exe_, err_path_, stdout_;
+    pid_t pid_ = -1;
+    int out_fd_ = -1, port_ = 0;
+};
+
+sse::Target target(const ServeProcess& s) { return sse::Target{"127.0.0.1", s.port(), 60}; }
+
+// GET path; the body ("" on failure, with the status 0).
+std::pair<int, std::string> get(const ServeProcess& s, const std::string& path) {
+    httplib::Client cli("127.0.0.1", s.port());
+    cli.set_connection_timeout(5, 0);
+    cli.set_read_timeout(30, 0);
+    const httplib::Result r = cli.Get(path);
+    if (!r) return {0, ""};
+    return {r->status, r->body};
+}
+std::vector<sse::Sample> metrics(const ServeProcess& s) {
+    const std::pair<int, std::string> page = get(s, "/metrics");
+    REQUIRE(page.first == 200);
+    return sse::samples(page.second);
+}
+double metric(const ServeProcess& s, const std::string& name, const std::string& labels = "") {
+    return sse::value(metrics(s), name, labels);
+}
+
+// ---------------------------------------------------------------------------
+// Raw HTTP: exactly the bytes we choose, on a socket of our own
+// ---------------------------------------------------------------------------
+
+int connect_to(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, (sockaddr*)&a, sizeof a) == 0);
+    return fd;
+}
+void send_all(int fd, const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+        const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) return;  // the server may close early (413): what it answered is read below
+        off += (size_t)n;
+    }
+}
+// Everything the server sends until it closes, or until `timeout_s`.
+std::string read_all(int fd, double timeout_s) {
+    std::string got;
+    const auto t0 = sse::Clock::now();
+    for (;;) {
+        const double left = timeout_s - seconds_since(t0);
+        if (left <= 0) break;
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
+        char buf[4096];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        got.append(buf, (size_t)n);
+    }
+    return got;
+}
+
+struct Reply {
+    int status = 0;
+    std::string head, body;  // head: status line + headers
+    double seconds = 0;
+    bool closed = false;     // the server closed the connection (not our timeout)
+    std::string header(const std::string& name) const {
+        std::string h = head;
+        std::transform(h.begin(), h.end(), h.begin(), ::tolower);
+        std::string n = name;
+        std::transform(n.begin(), n.end(), n.begin(), ::tolower);
+        const size_t at = h.find("\r\n" + n + ":");
+        if (at == std::string::npos) return "";
+        size_t v = at + 3 + n.size();
+        while (v < head.size() && head[v] == ' ') ++v;
+        return head.substr(v, head.find("\r\n", v) - v);
+    }
+};
+
+Reply parse_reply(const std::string& got) {
+    Reply r;
+    const size_t end = got.find("\r\n\r\n");
+    if (got.compare(0, 9, "HTTP/1.1 ") != 0 || end == std::string::npos) return r;
+    r.status = std::atoi(got.c_str() + 9);
+    r.head = got.substr(0, end);
+    r.body = got.substr(end + 4);
+    if (r.header("Transfer-Encoding") == "chunked") {  // de-chunk
+        std::string b;
+        size_t p = 0;
+        while (p < r.body.size()) {
+            const size_t nl = r.body.find("\r\n", p);
+            if (nl == std::string::npos) break;
+            const size_t n = std::strtoul(r.body.c_str() + p, nullptr, 16);
+            if (n == 0) break;
+            b += r.body.substr(nl + 2, n);
+            p = nl + 2 + n + 2;
+        }
+        r.body = b;
+    }
+    return r;
+}
+
+// Sends `bytes`, then (unless keep_sending) reads the reply until the server
+// closes. pause_after: send that prefix, then nothing more (a client that
+// stalls); the reply must then come from the server's timeout.
+Reply raw(int port, const std::string& bytes, double timeout_s = 10) {
+    const auto t0 = sse::Clock::now();
+    const int fd = connect_to(port);
+    send_all(fd, bytes);
+    const std::string got = read_all(fd, timeout_s);
+    ::close(fd);
+    Reply r = parse_reply(got);
+    r.seconds = seconds_since(t0);
+    r.closed = r.seconds < timeout_s;
+    return r;
+}
+
+// Sends `bytes` and reads only the status line and headers, and the body when
+// it has a Content-Length (an error); then hangs up. A stream's body is not
+// waited for.
+Reply raw_head(int port, const std::string& bytes, double timeout_s) {
+    const auto t0 = sse::Clock::now();
+    const int fd = connect_to(port);
+    send_all(fd, bytes);
+    std::string got;
+    for (;;) {
+        const double left = timeout_s - seconds_since(t0);
+        const size_t end = got.find("\r\n\r\n");
+        if (end != std::string::npos) {
+            const Reply head = parse_reply(got);
+            const std::string len = head.header("Content-Length");
+            if (len.empty() || got.size() >= end + 4 + std::strtoul(len.c_str(), nullptr, 10)) break;
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, (int)(left * 1000) + 1) <= 0) break;
+        char buf[4096];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        got.append(buf, (size_t)n);
+    }
+    ::close(fd);
+    Reply r = parse_reply(got);
+    r.seconds = seconds_since(t0);
+    return r;
+}
+
+std::string post(const std::string& path, const std::string& body, const std::string& extra_headers = "") {
+    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra_headers +
+           "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// The OpenAI error shape: {"error": {"message": str, "type": str, "param": str|null, "code": str|null}}.
+// Returns "" when `body` has it, else what is wrong.
+std::string error_shape_problem(const std::string& body) {
+    json j;
+    try {
+        j = json::parse(body);
+    } catch (const json::exception& e) {
+        return std::string("not JSON: ") + e.what();
+    }
+    if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return "no \"error\" object";
+    const json& e = j["error"];
+    if (!e.contains("message") || !e["message"].is_string() || e["message"].get<std::string>().empty()) return "no message";
+    if (!e.contains("type") || !e["type"].is_string()) return "no type";
+    if (!e.contains("param") || !(e["param"].is_string() || e["param"].is_null())) return "no param (string or null)";
+    if (!e.contains("code") || !(e["code"].is_string() || e["code"].is_null())) return "no code (string or null)";
+    return "";
+}
+
+// Token ids of `n` random tokens after BOS (ids 3.. are ordinary pieces).
+std::vector<int32_t> random_prompt(pkv_test::Rng& rng, int n) {
+    std::vector<int32_t> p = {pkv::kBosId};
+    for (int i = 1; i < n; ++i) p.push_back(3 + rng.below(builtin().model.cfg.vocab_size - 3));
+    return p;
+}
+
+bool have_command(const std::string& name) { return pkv_test::run_command("command -v " + name + " >/dev/null 2>&1").second == 0; }
+
+}  // namespace
+
+TEST_SUITE("serve") {
+
+// ---------------------------------------------------------------------------
+// openai_api.hpp without a server
+// ---------------------------------------------------------------------------
+
+TEST_CASE("openai_api: defaults, the chat template, the context check, stop strings held back") {
+    const pkv::Tokenizer& tok = builtin().tok;
+    openai::Limits lim;
+    lim.model_id = "built-in";
+    lim.vocab_size = tok.size();
+    lim.max_model_len = 64;
+    // OpenAI's defaults: temperature 1, top_p 1, max_tokens 16 (completions),
+    // the rest of the context (chat); the seed comes from the caller.
+    const openai::Request c = openai::parse_request(R"({"prompt": "the cat"})", false, lim, tok, 77);
+    CHECK(c.params.temperature == 1.0f);
+    CHECK(c.params.top_p == 1.0f);
+    CHECK(c.params.max_tokens == 16);
+    CHECK(c.params.seed == 77);
+    const std::vector<int> the_cat = tok.encode("the cat", true);
+    CHECK(c.prompt == std::vector<int32_t>(the_cat.begin(), the_cat.end()));
+    // The chat template: contents joined with "\n", encoded with BOS.
+    const openai::Request ch = openai::parse_request(
+        R"({"messages": [{"role": "system", "content": "the cat"}, {"role": "user", "content": "sat"}]})", true, lim, tok, 1);
+    const std::vector<int> want = tok.encode("the cat\nsat", true);
+    CHECK(ch.prompt == std::vector<int32_t>(want.begin(), want.end()));
+    CHECK(ch.params.max_tokens == 64 - (int)want.size());
+    // A negative seed is its 64-bit pattern; token ids are used as given.
+    const openai::Request ids = openai::parse_request(R"({"prompt": [1, 5, 7], "seed": -1, "max_tokens": 61})", false, lim, tok, 0);
+    CHECK(ids.prompt == std::vector<int32_t>{1, 5, 7});
+    CHECK(ids.params.seed == ~0ull);
+    // 3 + 61 = 64 fits; 3 + 62 does not, and the message says what would.
+    try {
+        openai::parse_request(R"({"prompt": [1, 5, 7], "max_tokens": 62})", false, lim, tok, 0);
+        FAIL("max_tokens past the context was accepted");
+    } catch (const openai::ApiError& e) {
+        CHECK(e.status == 400);
+        CHECK(e.code == "context_length_exceeded");
+        CHECK(e.param == "max_tokens");
+        CHECK(std::string(e.what()).find("ask for at most 61") != std::string::npos);
+    }
+
+    // Stop strings: the text before the stop string is returned, the stop
+    // string is not, and a tail that might become one is held back until
+    // the next token decides. These pieces of the built-in vocabulary are
+    // words with a leading space.
+    const int the = tok.lookup(" the"), cat = tok.lookup(" cat"), garden = tok.lookup(" garden");
+    REQUIRE((the >= 0 && cat >= 0 && garden >= 0));
+    openai::TextStream ts(tok, 5, {" cat garden", "xyz"});
+    CHECK(ts.add(the) == " the");
+    CHECK(ts.add(cat) == "");  // " cat" may be the start of " cat garden": held back
+    CHECK(ts.add(the) == " cat the");  // it was not
+    CHECK(ts.add(cat) == "");
+    CHECK(ts.add(garden) == "");  // " cat garden": stop; nothing of it is returned
+    CHECK(ts.stopped());
+    CHECK(ts.text() == " the cat the");
+    CHECK(ts.add(the) == "");  // nothing after a stop
+    // Without stop strings nothing is ever held back; EOS renders as nothing.
+    openai::TextStream plain(tok, 5, {});
+    CHECK(plain.add(cat) == " cat");
+    CHECK(plain.add(pkv::kEosId) == "");
+}
+
+// ---------------------------------------------------------------------------
+// What the engine computes is what the client receives
+// ---------------------------------------------------------------------------
+
+TEST_CASE("streamed tokens equal the in-process engine's: greedy and seeded sampling, streamed or not") {
+    SigpipeGuard guard;
+    ServeProcess srv({});
+    if (!srv.running()) return;
+    pkv_test::Rng rng(19);
+    std::vector<Req> reqs;
+    for (int i = 0; i < 6; ++i) {
+        Req r;
+        r.prompt = random_prompt(rng, 8 + 5 * i);
+        r.params.max_tokens = 24 + 4 * i;
+        r.params.temperature = i < 3 ? 0.0f : 0.8f;  // three greedy, three sampled
+        r.params.top_p = i == 5 ? 0.9f : 1.0f;
+        r.params.seed = 1000 + (uint64_t)i;
+        r.params.ignore_eos = i != 2;  // one may stop on EOS
+        reqs.push_back(r);
+    }
+    // A text prompt too: the server's tokenizer is the reference's.
+    Req text;
+    const std::string words = "once upon a time the little cat";
+    const std::vector<int> enc = builtin().tok.encode(words, true);
+    text.prompt.assign(enc.begin(), enc.end());
+    text.params.max_tokens = 20;
+    text.params.temperature = 0.5f;
+    text.params.seed = 42;
+    reqs.push_back(text);
+    const study::Setup setup;  // the server's defaults: make run's engine
+    const std::vector<std::vector<int32_t>> want = reference(setup, reqs);
+
+    // All at once, each on its own connection: they share batches on the
+    // server, which must not change a single token.
+    std::vector<sse::Stream> got(reqs.size());
+    std::vector<std::thread> th;
+    for (size_t i = 0; i < reqs.size(); ++i)
+        th.emplace_back([&, i] {
+            const bool is_text = i + 1 == reqs.size();
+            got[i] = sse::post_stream(target(srv), "/v1/completions", body_for(reqs[i], true, false, is_text ? words : ""));
+        });
+    for (std::thread& t : th) t.join();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(got[i].status == 200);
+        CHECK(got[i].error == "");
+        CHECK(got[i].done);
+        CHECK(got[i].token_ids == want[i]);
+        CHECK(got[i].text == expected_text(reqs[i].prompt, want[i]));
+        CHECK(got[i].finish_reason == ((int)want[i].size() < reqs[i].params.max_tokens ? "stop" : "length"));
+    }
+    // Not streamed: one body with the same tokens, text and usage counts.
+    httplib::Client cli("127.0.0.1", srv.port());
+    cli.set_read_timeout(60, 0);
+    const httplib::Result r = cli.Post("/v1/completions", body_for(reqs[3], false), "application/json");
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    const json j = json::parse(r->body);
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["choices"][0]["token_ids"].get<std::vector<int32_t>>() == want[3]);
+    CHECK(j["choices"][0]["text"] == expected_text(reqs[3].prompt, want[3]));
+    CHECK(j["usage"]["prompt_tokens"] == reqs[3].prompt.size());
+    CHECK(j["usage"]["completion_tokens"] == want[3].size());
+    CHECK(j["usage"]["total_tokens"] == reqs[3].prompt.size() + want[3].size());
+    // Chat, streamed: the template's prompt, chunks in chat's shape.
+    Req chat = text;
+    const sse::Stream cs = sse::post_stream(target(srv), "/v1/chat/completions", body_for(chat, true, true, words));
+    CHECK(cs.status == 200);
+    CHECK(cs.token_ids == want.back());
+    CHECK(cs.text == expected_text(chat.prompt, want.back()));
+    // stream_options.include_usage: one more chunk before [DONE], with the counts.
+    json uj = json::parse(body_for(reqs[4], true));
+    uj["stream_options"] = {{"include_usage", true}};
+    const sse::Stream us = sse::post_stream(target(srv), "/v1/completions", uj.dump());
+    CHECK(us.token_ids == want[4]);
+    CHECK(us.prompt_tokens == (long)reqs[4].prompt.size());
+    CHECK(us.completion_tokens == (long)want[4].size());
+    // A stop string: the text ends before it, and the request is aborted
+    // (the engine would have gone on to max_tokens).
+    const std::string full = expected_text(reqs[0].prompt, want[0]);
+    const size_t cut = full.find(' ', full.size() / 2);
+    REQUIRE(cut != std::string::npos);
+    const std::string stop = full.substr(cut, 4);
+    json sj = json::parse(body_for(reqs[0], true));
+    sj["stop"] = stop;
+    const sse::Stream ss = sse::post_stream(target(srv), "/v1/completions", sj.dump());
+    CHECK(ss.status == 200);
+    CHECK(ss.finish_reason == "stop");
+    CHECK(ss.text == full.substr(0, full.find(stop)));
+    srv.stop();
+}
+
+TEST_CASE("a run that preempts: the client's streams pause and lose nothing") {
+    SigpipeGuard guard;
+    // 12 blocks of 8 tokens for 8 requests growing to 56 tokens each: the
+    // scheduler must preempt. A short delay per step makes one step's gap
+    // a measurable unit on any machine.
+    study::Setup setup;
+    setup.num_blocks = 12;
+    setup.block_size = 8;
+    setup.max_num_seqs = 8;
+    ServeProcess srv({"--num-blocks", "12", "--block-size", "8", "--max-num-seqs", "8", "--step-delay-ms", "3"});
+    if (!srv.running()) return;
+    pkv_test::Rng rng(7);
+    std::vector<Req> reqs;
+    for (int i = 0; i < 8; ++i) {
+        Req r;
+        r.prompt = random_prompt(rng, 16);
+        r.params.max_tokens = 40;
+        r.params.temperature = i % 2 ? 0.7f : 0.0f;
+        r.params.seed = 50 + (uint64_t)i;
+        r.params.ignore_eos = true;
+        reqs.push_back(r);
+    }
+    const std::vector<std::vector<int32_t>> want = reference(setup, reqs);
+    const double preempted_before = metric(srv, "pagedkv:num_preemptions_total");
+    std::vector<sse::Stream> got(reqs.size());
+    std::vector<std::thread> th;
+    for (size_t i = 0; i < reqs.size(); ++i)
+        th.emplace_back([&, i] { got[i] = sse::post_stream(target(srv), "/v1/completions", body_for(reqs[i], true)); });
+    for (std::thread& t : th) t.join();
+
+    const double preemptions = metric(srv, "pagedkv:num_preemptions_total") - preempted_before;
+    CHECK(preemptions > 0);
+    long announced = 0;
+    std::vector<double> gaps, pause_gaps;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        CAPTURE(i);
+        const sse::Stream& s = got[i];
+        // Nothing lost, nothing repeated: exactly the tokens of a run alone.
+        CHECK(s.status == 200);
+        CHECK(s.done);
+        CHECK(s.token_ids == want[i]);
+        CHECK(s.finish_reason == "length");
+        for (size_t k = 1; k < s.token_times.size(); ++k) gaps.push_back(s.token_times[k] - s.token_times[k - 1]);
+        // Each pause the server announced: the gap the client saw across it,
+        // from the last token before ": pagedkv preempted" to the first one
+        // after ": pagedkv resumed".
+        for (size_t c = 0; c < s.comments.size(); ++c) {
+            if (s.comments[c] != "pagedkv preempted") continue;
+            ++announced;
+            const double t_pre = s.comment_times[c];
+            double before = s.sent, after = -1;
+            for (double t : s.token_times) {
+                if (t <= t_pre) before = t;
+                else if (after < 0) after = t;
+            }
+            if (after > 0) pause_gaps.push_back(after - before);
+        }
+    }
+    // Every preemption reached its client as a comment ...
+    CHECK(announced == (long)preemptions);
+    // ... and as a gap: the longest pause is several times a usual gap (one
+    // step), because a preempted request waits for blocks, then recomputes.
+    REQUIRE(!pause_gaps.empty());
+    std::sort(gaps.begin(), gaps.end());
+    const double median = gaps[gaps.size() / 2];
+    const double longest = *std::max_element(pause_gaps.begin(), pause_gaps.end());
+    INFO("median gap " << median * 1e3 << " ms, longest pause " << longest * 1e3 << " ms, " << preemptions << " preemptions");
+    CHECK(longest >= 3 * median);
+    srv.stop();
+}
+
+TEST_CASE("a client that hangs up mid-stream: its request is aborted and its blocks are freed") {
+    SigpipeGuard guard;
+    // 10 ms per step: the request would take seconds to finish on its own.
+    ServeProcess srv({"--step-delay-ms", "10"});
+    if (!srv.running()) return;
+    Req r;
+    pkv_test::Rng rng(3);
+    r.prompt = random_prompt(rng, 40);
+    r.params.max_tokens = 400;
+    r.params.ignore_eos = true;
+    const sse::Stream s = sse::post_stream(target(srv), "/v1/completions", body_for(r, true), /*stop_after_tokens=*/5);
+    CHECK(s.status == 200);
+    CHECK(s.hung_up);
+    CHECK(s.token_ids.size() >= 5);
+    // The server notices at its next write (or within 50 ms of silence), and
+    // the engine thread applies the abort between two steps.
+    const auto t0 = sse::Clock::now();
+    std::vector<sse::Sample> m;
+    while (seconds_since(t0) < 10) {
+        m = metrics(srv);
+        if (sse::value(m, "pagedkv:request_aborted_total") == 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    CHECK(sse::value(m, "pagedkv:request_aborted_total") == 1);
+    CHECK(sse::value(m, "pagedkv:http_client_disconnects_total") == 1);
+    CHECK(sse::value(m, "pagedkv:kv_cache_free_blocks") == sse::value(m, "pagedkv:kv_cache_blocks"));
+    CHECK(sse::value(m, "pagedkv:generation_tokens_total") < 400);
+    CHECK(sse::value(m, "pagedkv:request_success_total") == 0);
+    srv.stop();
+}
+
+TEST_CASE("shedding at the edge: 429 with Retry-After while the engine is inside a step") {
+    SigpipeGuard guard;
+    // One request runs at a time, one may wait; every step is followed by a
+    // 1 s pause, during which the engine thread takes nothing from its inbox.
+    ServeProcess srv({"--max-num-seqs", "1", "--max-waiting", "1", "--step-delay-ms", "1000"});
+    if (!srv.running()) return;
+    Req r;
+    pkv_test::Rng rng(5);
+    r.prompt = random_prompt(rng, 8);
+    r.params.max_tokens = 50;
+    r.params.ignore_eos = true;
+    // A's first token means its first step is over and the engine has begun
+    // its pause (A's client then hangs up; that abort waits for the pause too).
+    const sse::Stream a = sse::post_stream(target(srv), "/v1/completions", body_for(r, true), 1);
+    REQUIRE(a.status == 200);
+    REQUIRE(!a.token_times.empty());
+    // Now B and C, at once. The waiting queue has room for one: whichever
+    // of the two workers counts second must be shed, at once, while the
+    // other is handed over and answered when the engine wakes.
+    Reply bc[2];
+    double done_at[2] = {0, 0};
+    std::thread th[2];
+    for (int i = 0; i < 2; ++i)
+        th[i] = std::thread([&, i] {
+            bc[i] = raw_head(srv.port(), post("/v1/completions", body_for(r, true)), 10);
+            done_at[i] = sse::now();
+        });
+    for (std::thread& t : th) t.join();
+    const int shed = bc[0].status == 429 ? 0 : 1, in = 1 - shed;
+    CHECK(bc[shed].status == 429);
+    CHECK(bc[in].status == 200);
+    const Reply& c = bc[shed];
+    CHECK(c.header("Retry-After") == "1");
+    CHECK(error_shape_problem(c.body) == "");
+    CHECK(c.body.find("\"code\":\"queue_full\"") != std::string::npos);
+    // Fast: answered before the engine's pause was over (1 s after A's first
+    // token), so no step and no drain of the inbox was waited for; the
+    // request that got in was answered only after it.
+    INFO("429 after " << (done_at[shed] - a.token_times.front()) << " s of the pause, the admitted one after "
+                      << (done_at[in] - a.token_times.front()) << " s");
+    CHECK(done_at[shed] - a.token_times.front() < 1.0);
+    CHECK(done_at[shed] < done_at[in]);
+    CHECK(metric(srv, "pagedkv:http_shed_total", "{reason=\"queue_full\"}") == 1);
+    srv.stop();
+}
+
+TEST_CASE("bad HTTP input: a clear 4xx with an OpenAI-style error each, and another client's stream runs on") {
+    SigpipeGuard guard;
+    ServeProcess srv({"--max-connections", "4", "--read-timeout", "1", "--max-body-kib", "16", "--step-delay-ms", "20"});
+    if (!srv.running()) return;
+    const int port = srv.port();
+
+    // The other client: a stream of 100 tokens, 20 ms per step, running
+    // while the bad input below arrives.
+    Req good;
+    pkv_test::Rng rng(11);
+    good.prompt = random_prompt(rng, 12);
+    good.params.max_tokens = 100;
+    good.params.temperature = 0.6f;
+    good.params.seed = 99;
+    good.params.ignore_eos = true;
+    const std::vector<int32_t> want = reference(study::Setup{}, {good})[0];
+    sse::Stream other;
+    std::thread other_t([&] { other = sse::post_stream(target(srv), "/v1/completions", body_for(good, true)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+    struct Row {
+        std::string what;
+        std::string request;   // raw bytes
+        int status;
+        std::string code;      // error.code
+        std::string param;     // error.param ("" = null or not checked)
+        std::string message;   // part of error.message
+    };
+    const std::string C = "/v1/completions", CH = "/v1/chat/completions";
+    std::string deep = "{\"prompt\": ";
+    for (int i = 0; i < 100; ++i) deep += "[";
+    for (int i = 0; i < 100; ++i) deep += "]";
+    deep += "}";
+    std::string long_prompt = "[1";
+    for (int i = 0; i < 700; ++i) long_prompt += ",5";
+    long_prompt += "]";
+    const std::string big(17 * 1024, 'x');
+    std::string chunked_big = "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (int i = 0; i < 20; ++i) chunked_big += "400\r\n" + std::string(1024, ' ') + "\r\n";
+    chunked_big += "0\r\n\r\n";
+    const std::vector<Row> rows = {
+        {"malformed JSON", post(C, R"({"prompt": "a",)"), 400, "invalid_json", "", "not valid JSON"},
+        {"body is an array", post(C, "[1, 2]"), 400, "invalid_json", "", "must be a JSON object"},
+        {"empty body", post(C, ""), 400, "invalid_json", "", "body is empty"},
+        {"prompt is a number", post(C, R"({"prompt": 5})"), 400, "invalid_type", "prompt", "prompt must be a string or an array of token ids"},
+        {"max_tokens is a string", post(C, R"({"prompt": "a", "max_tokens": "10"})"), 400, "invalid_type", "max_tokens", "must be an integer, got a string"},
+        {"max_tokens has a fraction", post(C, R"({"prompt": "a", "max_tokens": 1.5})"), 400, "invalid_type", "max_tokens", "must be an integer"},
+        {"max_tokens 0", post(C, R"({"prompt": "a", "max_tokens": 0})"), 400, "invalid_value", "max_tokens", "got 0"},
+        {"huge max_tokens", post(C, R"({"prompt": [1, 5], "max_tokens": 1000000000})"), 400, "context_length_exceeded", "max_tokens", "ask for at most 638"},
+        {"max_tokens 1e999 (no double holds it)", post(C, R"({"prompt": "a", "max_tokens": 1e999})"), 400, "invalid_json", "", "number overflow"},
+        {"temperature \"NaN\" (JSON has no NaN)", post(C, R"({"prompt": "a", "temperature": "NaN"})"), 400, "invalid_type", "temperature", "must be a number, got a string"},
+        {"temperature 1e999 (infinity)", post(C, R"({"prompt": "a", "temperature": 1e999})"), 400, "invalid_json", "", "number overflow"},
+        {"temperature -0.5", post(C, R"({"prompt": "a", "temperature": -0.5})"), 400, "invalid_value", "temperature", "0..2"},
+        {"top_p 0", post(C, R"({"prompt": "a", "top_p": 0})"), 400, "invalid_value", "top_p", "(0, 1]"},
+        {"unknown field (a typo)", post(C, R"({"prompt": "a", "max_token": 5})"), 400, "unknown_parameter", "max_token", "unknown field \"max_token\""},
+        {"unsupported field", post(C, R"({"prompt": "a", "logprobs": 5})"), 400, "unsupported_parameter", "logprobs", "not supported"},
+        {"n = 2", post(C, R"({"prompt": "a", "n": 2})"), 400, "unsupported_parameter", "n", "set it to 1"},
+        {"stream is a string", post(C, R"({"prompt": "a", "stream": "yes"})"), 400, "invalid_type", "stream", "true or false"},
+        {"token id out of range", post(C, R"({"prompt": [1, 99999]})"), 400, "invalid_value", "prompt", "prompt[1] is 99999, not a token id of this model (0..993)"},
+        {"negative token id", post(C, R"({"prompt": [1, -1]})"), 400, "invalid_value", "prompt", "prompt[1] is -1"},
+        {"empty prompt array", post(C, R"({"prompt": []})"), 400, "invalid_value", "prompt", "empty array"},
+        {"a batch of prompts", post(C, R"({"prompt": ["a", "b"]})"), 400, "unsupported_value", "prompt", "one prompt per request"},
+        {"prompt longer than the context", post(C, "{\"prompt\": " + long_prompt + "}"), 400, "context_length_exceeded", "prompt", "more than max_model_len 640"},
+        {"five stop strings", post(C, R"({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]})"), 400, "invalid_value", "stop", "at most 4"},
+        {"stream_options without stream", post(C, R"({"prompt": "a", "stream_options": {"include_usage": true}})"), 400, "invalid_value", "stream_options", "only allowed"},
+        {"a model not served", post(C, R"({"model": "gpt-4", "prompt": "a"})"), 404, "model_not_found", "model", "does not exist"},
+        {"chat with a completion's prompt", post(CH, R"({"prompt": "a"})"), 400, "unknown_parameter", "prompt", "unknown field"},
+        {"chat without messages", post(CH, "{}"), 400, "invalid_value", "messages", "messages is missing"},
+        {"chat: a role no one has", post(CH, R"({"messages": [{"role": "wizard", "content": "a"}]})"), 400, "invalid_value", "messages[0].role", "must be system"},
+        {"chat: content parts", post(CH, R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]})"), 400, "invalid_type", "messages[0].content", "content parts are not supported"},
+        {"invalid UTF-8 in a string", post(C, "{\"prompt\": \"\xff\xfe\"}"), 400, "invalid_json", "", "UTF-8"},
+        {"JSON nested 100 deep", post(C, deep), 400, "invalid_json", "", "nests deeper than 16"},
+        {"body over the cap (Content-Length)", post(C, big), 413, "request_too_large", "", "16 KiB"},
+        {"body over the cap (chunked)", chunked_big, 413, "request_too_large", "", "16 KiB"},
+        {"GET on a POST route", "GET " + C + " HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed", "", "use POST"},
+        {"DELETE", "DELETE /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, "method_not_allowed", "", "DELETE is not allowed"},
+        {"no such route", "GET /v1/engines HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found", "", "no route for GET /v1/engines"},
+        {"not HTTP at all", "HELLO THERE\r\n\r\n", 400, "bad_request", "", "could not be read"},
+        {"a header line over 8 KiB", "GET /health HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n", 400, "bad_request", "", "could not be read"},
+    };
+    // Rows that wait on the server's read timeout (1 s): run side by side.
+    const std::vector<Row> slow = {
+        {"half-open: the body stops arriving", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":", 400,
+         "bad_request", "", "read timeout (1 s)"},
+        {"slow: the headers never end", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: appl", 400, "bad_request", "", "could not be read"},
+    };
+
+    auto check_row = [&](const Row& row, const Reply& r, double limit_s) {
+        CAPTURE(row.what);
+        CHECK(r.status == row.status);
+        CHECK(r.header("Content-Type").find("application/json") == 0);
+        const std::string problem = error_shape_problem(r.body);
+        CHECK_MESSAGE(problem == "", problem << "; body: " << r.body);
+        if (!problem.empty()) return;
+        const json e = json::parse(r.body)["error"];
+        CHECK(e["code"] == row.code);
+        if (!row.param.empty()) CHECK(e["param"] == row.param);
+        CHECK_MESSAGE(e["message"].get<std::string>().find(row.message) != std::string::npos, "message: " << e["message"]);
+        CHECK(r.seconds < limit_s);
+    };
+    int checked = 0;
+    for (const Row& row : rows) {
+        check_row(row, raw(port, row.request), 2.0);
+        ++checked;
+    }
+    {
+        // Side by side with them: a connection that never says anything. It
+        // gets no answer (there is no request to answer) and is closed after
+        // the timeout.
+        std::vector<Reply> replies(slow.size());
+        std::vector<std::thread> th;
+        for (size_t i = 0; i < slow.size(); ++i) th.emplace_back([&, i] { replies[i] = raw(port, slow[i].request, 10); });
+        const auto t0 = sse::Clock::now();
+        const int fd = connect_to(port);
+        const std::string silent = read_all(fd, 10);
+        const double silent_s = seconds_since(t0);
+        ::close(fd);
+        for (std::thread& t : th) t.join();
+        for (size_t i = 0; i < slow.size(); ++i) {
+            check_row(slow[i], replies[i], 4.0);
+            CHECK(replies[i].seconds >= 0.9);  // it was the timeout that answered
+            ++checked;
+        }
+        CHECK(silent.empty());
+        CHECK(silent_s < 4.0);
+    }
+    // Too many connections: four silent connections hold the 4 workers
+    // (with the stream, one of them waits in the rejecters' queue); the
+    // next is answered 429 at once.
+    {
+        std::vector<int> idle;
+        for (int i = 0; i < 4; ++i) idle.push_back(connect_to(port));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const Row row{"too many connections", post(C, R"({"prompt": "a"})"), 429, "too_many_connections", "", "serves 4 at once"};
+        const Reply r = raw(port, row.request, 10);
+        check_row(row, r, 2.0);
+        CHECK(r.header("Retry-After") == "1");
+        ++checked;
+        for (int fd : idle) ::close(fd);
+    }
+    CHECK(checked >= 20);
+
+    // The other client did not notice: every token, in order, no error, and
+    // no gap as long as a timeout (the engine never waited on a bad client).
+    other_t.join();
+    CHECK(other.status == 200);
+    CHECK(other.error == "");
+    CHECK(other.done);
+    CHECK(other.token_ids == want);
+    double longest = 0;
+    for (size_t k = 1; k < other.token_times.size(); ++k) longest = std::max(longest, other.token_times[k] - other.token_times[k - 1]);
+    CHECK(longest < 0.9);
+    // And the server still serves.
+    Req next = good;
+    next.params.max_tokens = 5;
+    const sse::Stream after = sse::post_stream(target(srv), "/v1/completions", body_for(next, true));
+    CHECK(after.token_ids == std::vector<int32_t>(want.begin(), want.begin() + 5));
+    CHECK(metric(srv, "pagedkv:http_bad_requests_total") >= (double)rows.size());
+    srv.stop();
+}
+
+// ---------------------------------------------------------------------------
+// Clients and tools no one here wrote
+// ---------------------------------------------------------------------------
+
+TEST_CASE("/metrics passes promtool check metrics") {
+    std::string promtool;
+    if (have_command("promtool")) promtool = "promtool";
+    else if (pkv_test::file_exists("build/deps/bin/promtool")) promtool = "build/deps/bin/promtool";
+    if (promtool.empty()) {
+        pkv_test::skip(pkv_test::SkipKind::kProgram,
+                       "promtool not found (Debian's prometheus package; `tests/get_deps.sh build/deps --promtool` unpacks it)");
+        return;
+    }
+    SigpipeGuard guard;
+    ServeProcess srv({"--num-blocks", "8", "--block-size", "8"});
+    if (!srv.running()) return;
+    // Some traffic first, so every histogram has samples.
+    Req r;
+    pkv_test::Rng rng(1);
+    r.prompt = random_prompt(rng, 10);
+    r.params.max_tokens = 40;
+    r.params.ignore_eos = true;
+    std::vector<std::thread> th;
+    for (int i = 0; i < 3; ++i) th.emplace_back([&] { sse::post_stream(target(srv), "/v1/completions", body_for(r, true)); });
+    for (std::thread& t : th) t.join();
+    const std::pair<int, std::string> scraped = get(srv, "/metrics");
+    REQUIRE(scraped.first == 200);
+    const std::string page = scraped.second;
+    srv.stop();
+    const std::string path = (fs::temp_directory_path() / ("pagedkv_metrics_" + std::to_string(::getpid()))).string();
+    auto check = [&](const std::string& text) {
+        std::ofstream(path) << text;
+        return pkv_test::run_command(promtool + " check metrics < " + shell_quote(path) + " 2>&1");
+    };
+    // promtool parses the page (exit 1 on a format error) and lints it (exit
+    // 3 on style problems). Its one complaint is the colon in our names,
+    // which mirror vLLM's "vllm:" (metrics.hpp says why); no other lint, no
+    // parse error.
+    const std::pair<std::string, int> res = check(page);
+    const std::string out = res.first;
+    INFO("promtool said:\n" << out);
+    CHECK((res.second == 0 || res.second == 3));
+    size_t lines = 0, colon = 0;
+    for (size_t p = 0; p < out.size();) {
+        const size_t nl = out.find('\n', p);
+        const std::string line = out.substr(p, nl == std::string::npos ? std::string::npos : nl - p);
+        p = nl == std::string::npos ? out.size() : nl + 1;
+        if (line.empty()) continue;
+        ++lines;
+        colon += line.find("metric names should not contain ':'") != std::string::npos;
+    }
+    CHECK(lines == colon);
+    // And the check can fail: a page with a broken sample line is refused.
+    CHECK(check(page + "pagedkv:broken{le=1} x\n").second == 1);
+    std::error_code ec;
+    fs::remove(path, ec);
+}
+
+TEST_CASE("curl -N drives a stream, and a chat answer") {
+    if (!have_command("curl")) {
+        pkv_test::skip(pkv_test::SkipKind::kProgram, "curl not found");
+        return;
+    }
+    SigpipeGuard guard;
+    ServeProcess srv({});
+    if (!srv.running()) return;
+    Req r;
+    const std::vector<int> enc = builtin().tok.encode("Once upon a time", true);
+    r.prompt.assign(enc.begin(), enc.end());
+    r.params.max_tokens = 16;
+    const std::vector<int32_t> want = reference(study::Setup{}, {r})[0];
+    const std::string url = "http://127.0.0.1:" + std::to_string(srv.port());
+    const std::string req = R"({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "stream": true, "return_token_ids": true})";
+    const std::pair<std::string, int> res = pkv_test::run_command("curl -sN --max-time 30 " + url +
+                                                                  "/v1/completions -H 'Content-Type: application/json' -d " + shell_quote(req));
+    const std::string out = res.first;
+    CHECK(res.second == 0);
+    sse::Stream s;
+    s.status = 200;
+    sse::Parser p;
+    p.feed(out, [&](const std::string& d) { sse::take_chunk(s, d, 0); }, [](const std::string&) {});
+    CHECK(s.done);
+    CHECK(s.token_ids == want);
+    CHECK(s.text == expected_text(r.prompt, want));
+    // Chat, not streamed, with curl's default Content-Type (a form):
+    // the body is JSON all the same.
+    const std::pair<std::string, int> chat = pkv_test::run_command(
+        "curl -s --max-time 30 " + url + "/v1/chat/completions -d " +
+        shell_quote(R"({"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 16, "temperature": 0})"));
+    CHECK(chat.second == 0);
+    const json j = json::parse(chat.first);
+    CHECK(j["object"] == "chat.completion");
+    CHECK(j["choices"][0]["message"]["content"] == expected_text(r.prompt, want));
+    CHECK(j["usage"]["completion_tokens"] == 16);
+    srv.stop();
+}
+
+TEST_CASE("the official openai npm package: a completion, a chat stream, an error") {
+    if (!have_command("node") || !have_command("npm")) {
+        pkv_test::skip(pkv_test::SkipKind::kProgram, "Node.js or npm not found: the openai npm client test needs both");
+        return;
+    }
+    // npm install into build/deps/node, once (its registry may be out of reach: then skip).
+    const std::string dir = "build/deps/node", pkg = "openai@6.49.0";
+    if (!pkv_test::file_exists(dir + "/node_modules/openai/package.json")) {
+        const std::pair<std::string, int> inst = pkv_test::run_command("mkdir -p " + dir + " && timeout 120 npm install --prefix " + dir +
+                                                                       " --no-audit --no-fund --no-save --fetch-retries=1 " + pkg + " 2>&1");
+        if (inst.second != 0 || !pkv_test::file_exists(dir + "/node_modules/openai/package.json")) {
+            pkv_test::skip(pkv_test::SkipKind::kProgram, "npm install " + pkg + " failed (no registry?): " + inst.first.substr(0, 300));
+            return;
+        }
+    }
+    SigpipeGuard guard;
+    ServeProcess srv({});
+    if (!srv.running()) return;
+    Req r;
+    const std::vector<int> enc = builtin().tok.encode("Once upon a time", true);
+    r.prompt.assign(enc.begin(), enc.end());
+    r.params.max_tokens = 12;
+    const std::vector<int32_t> want = reference(study::Setup{}, {r})[0];
+    const std::pair<std::string, int> res = pkv_test::run_command("timeout 60 node tests/openai_client.mjs " + std::to_string(srv.port()) + " " +
+                                                                  dir + " 2>&1");
+    const std::string out = res.first;
+    INFO("node said: " << out);
+    REQUIRE(res.second == 0);
+    REQUIRE(out.find('{') != std::string::npos);
+    const json j = json::parse(out.substr(out.find('{')));
+    const std::string text = expected_text(r.prompt, want);
+    CHECK(j["completion"]["text"] == text);
+    CHECK(j["completion"]["finish_reason"] == "length");
+    CHECK(j["completion"]["usage"]["completion_tokens"] == 12);
+    CHECK(j["completion_stream"]["text"] == text);
+    CHECK(j["completion_stream"]["chunks"].get<int>() >= 12);
+    CHECK(j["chat_stream"]["text"] == text);
+    CHECK(j["chat_stream"]["finish_reason"] == "length");
+    CHECK(j["error"]["status"] == 400);
+    CHECK(j["error"]["code"] == "invalid_value");
+    CHECK(j["error"]["param"] == "max_tokens");
+    srv.stop();
+}
+
+TEST_CASE("build/serve and build/loadgen: --help, bad flags, no server") {
+    const std::string serve = pkv_test::need_program("serve"), loadgen = pkv_test::need_program("loadgen");
+    if (serve.empty() || loadgen.empty()) return;
+    auto run = [](const std::string& cmd) { return pkv_test::run_command("timeout 20 " + cmd + " 2>&1"); };
+    const std::pair<std::string, int> help = run(serve + " --help");
+    CHECK(help.second == 0);
+    CHECK(help.first.find("--max-waiting") != std::string::npos);
+    const std::pair<std::string, int> bad = run(serve + " --port 70000");
+    CHECK(bad.second == 2);
+    CHECK(bad.first.find("serve: --port expects an integer in 0..65535, got '70000'") == 0);
+    const std::pair<std::string, int> rt = run(serve + " --read-timeout nan");
+    CHECK(rt.second == 2);
+    CHECK(rt.first.find("--read-timeout expects a finite number") != std::string::npos);
+    const std::pair<std::string, int> lh = run(loadgen + " --help");
+    CHECK(lh.second == 0);
+    CHECK(lh.first.find("--rate") != std::string::npos);
+    const std::pair<std::string, int> lb = run(loadgen + " --rate -1");
+    CHECK(lb.second == 2);
+    CHECK(lb.first.find("loadgen: --rate expects a finite number in 0..1000000, got '-1'") == 0);
+    // A port where nothing listens (a server we start and stop): one line, status 1.
+    int port = 0;
+    {
+        SigpipeGuard guard;
+        ServeProcess srv({});
+        if (!srv.running()) return;
+        port = srv.port();
+    }
+    const std::pair<std::string, int> none = run(loadgen + " --port " + std::to_string(port));
+    CHECK(none.second == 1);
+    CHECK(none.first.find("loadgen: no server answers at http://127.0.0.1:" + std::to_string(port)) == 0);
+    CHECK(std::count(none.first.begin(), none.first.end(), '\n') == 1);
+}
+
+}  // TEST_SUITE("serve")

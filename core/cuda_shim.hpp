@@ -1,4 +1,4 @@
-// core/cuda_shim.hpp -- the one seam between our kernels and where they run.
+// core/cuda_shim.hpp -- chapter 8: the one seam between our kernels and where they run.
 //
 // Every kernel in pagedkv is written once, in CUDA C++. This header lets that
 // same source run in two places:
@@ -17,7 +17,7 @@
 // barrier, per-block shared memory, warp shuffles (shfl_xor), CUDA's launch
 // limits, and the order a barrier gives the threads of a block -- declared to
 // ThreadSanitizer, so a missing barrier is a data race that TSan reports
-// (`make tsan`; TUTORIAL.md's chapter on the CUDA path shows one). What it
+// (`make tsan`; TUTORIAL.md chapter 8 shows one). What it
 // does not model: timing, warp lockstep and scheduling, memory coalescing,
 // bank conflicts, caches, occupancy, or concurrency *between* blocks. It is
 // for correctness and for stepping through a kernel in gdb, not for speed.
@@ -56,8 +56,8 @@
 // separate backend with kernels of its own. We want the opposite trade: one
 // kernel source, so that a test passing on a laptop has run the very index
 // math, tile loops and barriers that nvcc compiles. The price is speed --
-// emulation runs many times slower than our plain CPU forward (the TUTORIAL
-// measures it) -- and blindness to everything listed above as not
+// emulation runs many times slower than our plain CPU forward (TUTORIAL.md
+// chapter 8 measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
 // Sections: 0. CUDA's launch limits (both worlds)  1. real CUDA (thin

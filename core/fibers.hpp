@@ -1,4 +1,4 @@
-// fibers.hpp -- the machinery under the emulated launch: many stacks, one CPU thread.
+// core/fibers.hpp -- chapter 8 (skippable): the machinery under the emulated launch: many stacks, one CPU thread.
 //
 // cuda_emulation.hpp runs a thread block's CUDA threads as *fibers*: each has
 // its own stack, all of them run on the host thread that called launch(), one

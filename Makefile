@@ -10,6 +10,7 @@
 #                   -fsanitize=address,undefined (build/asan)
 #   make check-headers  each header compiles alone; block_pool.hpp and scheduler.hpp
 #                   are plain C++; no reserved names defined
+#   make check-clang  every source through clang++'s front end, -Werror (its warnings)
 #   make bench      the CPU benchmark
 #   make vs-runc    our generate against llama2.c's run.c -Ofast, whole runs on one thread,
 #                   interleaved, median of 7 (tools/vs_runc.sh; needs llama2.c in build/llama2.c)
@@ -80,7 +81,7 @@ HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
 HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
 .PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
-        exercises exercise grade kit-selftest vs-runc check-httpdeps serve tsan-serve
+        exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -174,6 +175,16 @@ $(BUILD)/san_tests: $(patsubst %,$(BUILD)/obj/tests/%.o,$(SAN_SUITES))
 # and include its libraries.)
 check-headers: check-httpdeps
 	tests/check_headers.sh $(CXX) $(if $(filter 1,$(OPENMP)),-fopenmp,-Wno-unknown-pragmas) -isystem $(DEPS)/include $(HTTP_CFLAGS)
+
+# A second compiler's warnings: every source through clang++'s front end with
+# -Werror. -fsyntax-only, because clang's warnings come from its front end
+# (templates are instantiated there too); generating and linking code that
+# `make test` already built with g++ would only cost time.
+CLANG ?= clang++
+check-clang: check-doctest check-httpdeps
+	@ls examples/*.cpp lab/*.cpp tools/*.cpp tests/*.cpp | xargs -P 2 -I{} sh -c \
+	    '$(CLANG) -fsyntax-only $(filter-out -fopenmp,$(CXXFLAGS)) -fopenmp $(HTTP_CFLAGS) {} || { echo "check-clang: {} failed"; exit 255; }'
+	@echo "check-clang: $$(ls examples/*.cpp lab/*.cpp tools/*.cpp tests/*.cpp | wc -l) sources clean under $$($(CLANG) --version | head -n 1)"
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a fiber that
 # TSan tracks like a thread, and a barrier is declared as the order it gives

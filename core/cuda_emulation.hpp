@@ -455,7 +455,7 @@ private:
     Context host_;                  // the host thread, while a fiber runs
     StackRange host_stack_;         // its stack, as ASan reported it
     void* host_fake_stack_ = nullptr;
-    void* host_tsan_ = nullptr;
+    [[maybe_unused]] void* host_tsan_ = nullptr;  // used under TSan only
     unsigned errors_ = 0;           // threads that threw in this launch
     unsigned live_ = 0;             // threads that did not
     bool cancelling_ = false;       // unwinding a deadlocked block

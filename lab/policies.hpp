@@ -283,7 +283,8 @@ public:
     std::string check_invariants(const Scheduler&) const override {
         std::vector<const std::vector<int32_t>*> held;
         for (const auto& [id, slots] : slots_) {
-            if (std::none_of(swapped_.begin(), swapped_.end(), [&](const Request* r) { return r->id == id; }))
+            const int rid = id;  // (a lambda may not capture a structured binding before C++20's fix, P1091, in clang 14)
+            if (std::none_of(swapped_.begin(), swapped_.end(), [&](const Request* r) { return r->id == rid; }))
                 return "request " + std::to_string(id) + " holds swap slots but is not swapped out";
             held.push_back(&slots);
         }

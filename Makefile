@@ -17,6 +17,7 @@
 #   make cuda       every example and the test binary built by nvcc, in build/cuda
 #                   (sm_90 = H100/H200, plus PTX for newer GPUs; override CUDA_ARCH);
 #                   the HTTP server is `make cuda-serve`
+#                   (make cuda-ci: only the sources with device code, as CI does)
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels), and
 #                   build/serve under ThreadSanitizer with concurrent clients
 #   make serve      build and start the HTTP server (examples/serve.cpp) on
@@ -246,7 +247,17 @@ NVCCFLAGS   ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 CUDA_EXAMPLES  := $(filter-out $(HTTP_PROGRAMS),$(EXAMPLES))
 CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out tests/test_serve.cpp,$(TEST_SRCS)))
 
-.PHONY: cuda-examples cuda-serve
+.PHONY: cuda-examples cuda-serve cuda-ci
+# What CI builds with nvcc, having no GPU to run the rest on: the sources with
+# device code of their own -- generate (the CUDA runner), bench_attention (both
+# kernels) and the kernel suites, as a test binary of their own (kernel_tests,
+# the suites `make tsan` runs). That is 7 of `make cuda`'s translation units;
+# the others' host code is what g++ builds in `make test`. `make cuda` builds
+# everything, as tests/gpu_check.sh does on a GPU.
+cuda-ci: $(CUDA_BUILD)/generate $(CUDA_BUILD)/bench_attention $(CUDA_BUILD)/kernel_tests
+$(CUDA_BUILD)/kernel_tests: $(patsubst %,$(CUDA_BUILD)/obj/tests/%.o,main test_kernels test_gpu_gemm test_kv_dtype test_swap)
+	$(NVCC) $(CUDA_ARCH) $^ -o $@ -lgomp
+
 cuda: $(addprefix $(CUDA_BUILD)/,$(CUDA_EXAMPLES)) $(CUDA_BUILD)/tests
 # Only the programs, no doctest needed (gpu_check.sh, where doctest is absent).
 cuda-examples: $(addprefix $(CUDA_BUILD)/,$(CUDA_EXAMPLES))

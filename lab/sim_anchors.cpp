@@ -346,7 +346,7 @@ int run(int argc, char** argv) {
     t.headers = {"row", "gpu", "model", "workload", "metric", "published", "predicted", "ratio"};
     for (size_t i = 0; i < rows.size(); ++i) {
         const Anchor& a = rows[i];
-        const std::string wl = study::fmt("%d x %s%d/%d%s", a.requests, a.lognormal ? "~" : "", a.prompt, a.output,
+        const std::string wl = study::fmt("%d x %s%d/%d%s", a.requests, a.lognormal ? "mean " : "", a.prompt, a.output,
                                           a.rate > 0 ? study::fmt(" @%g/s", a.rate).c_str() : study::fmt(" c%d", std::min(a.max_num_seqs, a.requests)).c_str());
         t.rows.push_back({a.id, a.gpu, a.model, wl, metric_name(a.metric), study::fmt("%.6g", a.published), study::fmt("%.6g", out[i].predicted),
                           study::fmt("%.2f", out[i].predicted / a.published)});

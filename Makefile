@@ -140,7 +140,8 @@ vs-runc:
 
 # Every study on both devices: tables on stdout, charts in build/plots/
 # (never over tracked files). `make plots` refreshes the charts lab/LAB.md
-# shows, in lab/plots/, from the simulated H200 + Llama-3-8B runs.
+# shows, in lab/plots/, from the simulated H200 + Llama-3-8B runs, and every
+# study's map (a heat map of its verdicts over its grid: lab/study_map.hpp).
 STUDY_NAMES := thrash admission victim preemption fixes shedding signals mechanisms kv_dtype
 studies: $(BUILD)/study
 	@mkdir -p build/plots
@@ -153,6 +154,8 @@ study-%: $(BUILD)/study
 plots: $(BUILD)/study
 	@mkdir -p lab/plots
 	./$(BUILD)/study thrash --device sim --svg lab/plots/thrash-sim.svg > /dev/null
+	@for s in $(STUDY_NAMES); do echo "== map of $$s"; \
+	  ./$(BUILD)/study $$s --device sim --map --svg lab/plots/map-$$s.svg 2>/dev/null | grep ' holds in ' || exit 1; done
 
 debug:
 	$(MAKE) BUILD=build/debug OPT="-O0 -g" all

@@ -21,7 +21,8 @@
 //                  head, head dimension) for QK^T and PV.
 // Each phase takes max(bytes / bandwidth, FLOPs / peak), each scaled by an
 // efficiency we state; a fixed overhead per step (scheduling, input
-// preparation, kernel launches) comes on top. Swap copies cross PCIe.
+// preparation, kernel launches) comes on top. Swap copies cross PCIe, block
+// by block and layer by layer, sharing the link with other traffic.
 //
 // What a roofline leaves out, and so where it is wrong: kernel launch gaps and
 // tails, caches (a small model's weights may live in L2), the non-GEMM
@@ -32,8 +33,8 @@
 //
 // Sections: 1. presets (GPUs, PCIe links, models), each number with its
 // source  2. sizes derived from a model  3. the KV pool a GPU holds, vLLM's way
-// 4. the cost of one step  5. a worked example: one Llama-3-8B decode step
-// on an H200, by hand.
+// 4. the cost of one step  4b. what a swap costs  5. a worked example: one
+// Llama-3-8B decode step on an H200, by hand.
 #pragma once
 
 #include <algorithm>
@@ -51,32 +52,61 @@ namespace pkv {
 // 1. Presets
 // ============================================================================
 
-// A GPU, by the numbers its datasheet gives. FLOPs are dense BF16/FP16 tensor
-// core throughput: datasheets often print the "with sparsity" figure, twice
-// the dense one, which a transformer's dense GEMMs never see.
+// A GPU, by the numbers its datasheet gives. FLOPs are dense tensor-core
+// throughput: datasheets often print the "with sparsity" figure, twice the
+// dense one, which a transformer's dense GEMMs never see.
+//
+// Memory. A datasheet's "80 GB" is a marketing round number; what a serving
+// engine sizes its KV cache from is what the device reports, the total that
+// nvidia-smi prints (and torch.cuda.mem_get_info returns) in MiB. On an H100
+// that is 81,559 MiB = 85.5e9 bytes, 7% more than "80 GB" read as decimal;
+// on an H200 143,771 MiB = 150.8e9 bytes against "141 GB" (the datasheets'
+// GB are nearly GiB). We take the reported figure: the KV pool is what is
+// left after the weights, so those 7% of capacity are ~9% of the pool.
 struct GpuSpec {
     std::string name;
-    double memory_bytes;     // HBM (or GDDR) capacity
+    double memory_bytes;     // the capacity the device reports (nvidia-smi's total, MiB x 2^20)
     double memory_bw;        // bytes/s, peak
     double peak_flops;       // FLOP/s, dense BF16 tensor cores
+    double fp8_flops;        // FLOP/s, dense FP8 tensor cores; 0 = no FP8 units (FP8 weights then run at the BF16 rate)
     std::string pcie;        // the host link it ships with (a PcieSpec name)
     std::string source;
 };
 
+// MiB, as nvidia-smi prints them, in bytes.
+constexpr double mib(double n) { return n * 1048576.0; }
+
 inline const std::vector<GpuSpec>& gpu_presets() {
+    // The reported capacities (nvidia-smi's "Memory-Usage" total): H100 SXM
+    // 81559MiB, A100 80GB 81920MiB, A100 40GB 40960MiB, L4 23034MiB, as listed
+    // in modal-labs/modal-client pull request #2797 ("nvidia quotes GB on
+    // their GPUs not GiB", 2025); H200 SXM 143771MiB, as nvidia-smi prints it
+    // on H200 hosts (public nvidia-smi logs, e.g. in GPU operator guides).
     static const std::vector<GpuSpec> v = {
         // NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: 141 GB HBM3e,
-        // 4.8 TB/s, BF16 1,979 TFLOPS "with sparsity", so 989 dense; PCIe Gen5.
-        {"h200", 141e9, 4.8e12, 989e12, "gen5", "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS dense BF16"},
+        // 4.8 TB/s, BF16 1,979 TFLOPS "with sparsity", so 989 dense; FP8
+        // 3,958 with sparsity, 1,979 dense; PCIe Gen5.
+        {"h200", mib(143771), 4.8e12, 989e12, 1979e12, "gen5",
+         "NVIDIA H200 datasheet (SXM): 141 GB HBM3e (reports 143771 MiB), 4.8 TB/s, 989 TFLOPS dense BF16, 1979 dense FP8"},
         // NVIDIA H100 Tensor Core GPU datasheet, SXM: 80 GB HBM3, 3.35 TB/s,
-        // BF16 1,979 TFLOPS with sparsity (989 dense); PCIe Gen5.
-        {"h100", 80e9, 3.35e12, 989e12, "gen5", "NVIDIA H100 datasheet (SXM): 80 GB HBM3, 3.35 TB/s, 989 TFLOPS dense BF16"},
+        // BF16 1,979 TFLOPS with sparsity (989 dense), FP8 3,958 (1,979
+        // dense); PCIe Gen5.
+        {"h100", mib(81559), 3.35e12, 989e12, 1979e12, "gen5",
+         "NVIDIA H100 datasheet (SXM): 80 GB HBM3 (reports 81559 MiB), 3.35 TB/s, 989 TFLOPS dense BF16, 1979 dense FP8"},
         // NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM: 2,039 GB/s HBM2e,
-        // BF16 312 TFLOPS dense (624 with sparsity); PCIe Gen4.
-        {"a100-80g", 80e9, 2.039e12, 312e12, "gen4", "NVIDIA A100 datasheet (80GB SXM): 2,039 GB/s HBM2e, 312 TFLOPS dense BF16"},
+        // BF16 312 TFLOPS dense (624 with sparsity); no FP8; PCIe Gen4.
+        {"a100-80g", mib(81920), 2.039e12, 312e12, 0, "gen4",
+         "NVIDIA A100 datasheet (80GB SXM): 80 GB HBM2e (reports 81920 MiB), 2,039 GB/s, 312 TFLOPS dense BF16"},
         // NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with
-        // sparsity (121 dense); PCIe Gen4 x16.
-        {"l4", 24e9, 300e9, 121e12, "gen4", "NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, 121 TFLOPS dense BF16"},
+        // sparsity (121 dense), FP8 485 with sparsity (242.5 dense); PCIe
+        // Gen4 x16.
+        {"l4", mib(23034), 300e9, 121e12, 242.5e12, "gen4",
+         "NVIDIA L4 datasheet: 24 GB GDDR6 (reports 23034 MiB), 300 GB/s, 121 TFLOPS dense BF16, 242.5 dense FP8"},
+        // The same A100 datasheet, 40GB SXM: 1,555 GB/s HBM2, 312 TFLOPS
+        // dense BF16; PCIe Gen4. (After the 80 GB one: a program that
+        // matches a device name's first word finds "a100" there first.)
+        {"a100-40g", mib(40960), 1.555e12, 312e12, 0, "gen4",
+         "NVIDIA A100 datasheet (40GB SXM): 40 GB HBM2 (reports 40960 MiB), 1,555 GB/s, 312 TFLOPS dense BF16"},
     };
     return v;
 }
@@ -87,15 +117,23 @@ inline const std::vector<GpuSpec>& gpu_presets() {
 // buffers reach about 25 GB/s (CUDA's bandwidthTest sample on Gen4 hosts).
 // Gen5 doubles the signalling rate (63 GB/s raw); we take 50 GB/s achieved,
 // the same 80% ratio.
+//
+// Each copy call also costs a fixed time before its bytes move: submitting
+// one cudaMemcpyAsync costs about 5-7 us when many small chunks are copied
+// (measured by Wu et al., "DualPath: Breaking the Storage Bandwidth
+// Bottleneck in Agentic LLM Inference", arXiv 2602.21548, 2026, section 5.2);
+// we take the low end, 5 us, for both links. It matters because vLLM V0
+// swaps a block as many small copies (section 4b).
 struct PcieSpec {
     std::string name;
     double bw;  // bytes/s, one direction
+    double copy_overhead_s;  // per copy call
     std::string source;
 };
 inline const std::vector<PcieSpec>& pcie_presets() {
     static const std::vector<PcieSpec> v = {
-        {"gen4", 25e9, "PCIe 4.0 x16: 31.5 GB/s raw per direction; ~25 GB/s for pinned copies"},
-        {"gen5", 50e9, "PCIe 5.0 x16: 63 GB/s raw per direction; ~50 GB/s for pinned copies (assumed 80%, as Gen4)"},
+        {"gen4", 25e9, 5e-6, "PCIe 4.0 x16: 31.5 GB/s raw per direction; ~25 GB/s for pinned copies; 5 us per copy call"},
+        {"gen5", 50e9, 5e-6, "PCIe 5.0 x16: 63 GB/s raw per direction; ~50 GB/s for pinned copies (assumed 80%, as Gen4); 5 us per copy call"},
     };
     return v;
 }
@@ -130,6 +168,15 @@ inline const std::vector<ModelSpec>& model_presets() {
         // positions, untied; BF16.
         {"llama-2-7b", shape_of(4096, 11008, 32, 32, 32, 32000, 4096, false), 2, 2,
          "meta-llama/Llama-2-7b-hf config.json (MHA 32q/32kv, 6.74B parameters), BF16"},
+        // The same shape served as NVIDIA's TensorRT-LLM performance tables
+        // serve it: nvidia/Llama-3.1-8B-Instruct-FP8 (ModelOpt FP8 weights;
+        // Llama-3.1-8B's config.json has Llama-3-8B's shape with 131072
+        // positions). The KV cache in FP8 too is our assumption: the tables
+        // do not say which KV dtype their runs used. (We count every weight
+        // at 1 byte; the checkpoint keeps its embeddings and lm_head in BF16,
+        // 1 GB more, 6% of the weight bytes.)
+        {"llama-3.1-8b-fp8", shape_of(4096, 14336, 32, 32, 8, 128256, 131072, false), 1, 1,
+         "nvidia/Llama-3.1-8B-Instruct-FP8 (Llama-3.1-8B config.json shape), FP8 weights, FP8 KV (assumed)"},
         // llama2.c's stories15M.bin header: dim 288, hidden 768, 6 layers, 6
         // heads, 6 kv heads, vocab 32000, seq_len 256, shared classifier; f32.
         {"stories15M", shape_of(288, 768, 6, 6, 6, 32000, 256, true), 4, 4, "llama2.c stories15M.bin header, f32 as llama2.c serves it"},
@@ -255,9 +302,24 @@ struct Hardware {
     double attn_peak_flops = 0;  // 0 = peak_flops
     double pcie_bw = 0;          // bytes/s each way, for swap
     std::string source;
+    // What a swap pays beyond bytes / pcie_bw (section 4b, swap_seconds):
+    double copy_overhead_s = 0;  // per copy call (cudaMemcpyAsync); 0 for this CPU's memcpy
+    double pcie_background = 0;  // share of the link other traffic takes, [0, 1)
 };
 inline Hardware hardware_of(const GpuSpec& g, const PcieSpec& p) {
-    return {g.name, g.memory_bytes, g.memory_bw, g.peak_flops, 0, p.bw, g.source + "; " + p.source};
+    return {g.name, g.memory_bytes, g.memory_bw, g.peak_flops, 0, p.bw, g.source + "; " + p.source, p.copy_overhead_s, 0};
+}
+// The hardware as a model with `weight_bytes` per parameter sees it: FP8
+// weights (1 byte) run their GEMMs on the FP8 tensor cores where the GPU has
+// them (Hopper, Ada), at twice the BF16 rate; attention stays at the BF16
+// rate (we do not model FP8 attention kernels).
+inline Hardware hardware_for(const GpuSpec& g, const PcieSpec& p, int weight_bytes) {
+    Hardware h = hardware_of(g, p);
+    if (weight_bytes == 1 && g.fp8_flops > 0) {
+        h.peak_flops = g.fp8_flops;
+        h.attn_peak_flops = g.peak_flops;
+    }
+    return h;
 }
 
 // ---- the doors: every number of a preset, checked where it comes in ----------
@@ -280,7 +342,11 @@ inline void validate_rates(const Hardware& hw, bool copies) {
     require_number(hw.memory_bw, w + "memory_bw (bytes/s)", 0, 1e15, true);
     require_number(hw.peak_flops, w + "peak_flops (FLOP/s)", 0, 1e18, true);
     require_number(hw.attn_peak_flops, w + "attn_peak_flops (FLOP/s, 0 = peak_flops)", 0, 1e18, false);
-    if (copies) require_number(hw.pcie_bw, w + "pcie_bw (bytes/s)", 0, 1e13, true);
+    if (copies) {
+        require_number(hw.pcie_bw, w + "pcie_bw (bytes/s)", 0, 1e13, true);
+        require_number(hw.copy_overhead_s, w + "copy_overhead_s (seconds per copy call)", 0, 1, false);
+        require_number(hw.pcie_background, w + "pcie_background (share of the link other traffic takes)", 0, 0.99, false);
+    }
 }
 inline void validate(const Hardware& hw) {
     validate_rates(hw, true);
@@ -356,6 +422,66 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
     s.total_s = s.overhead_s + compute + s.swap_s;
     return s;
     // ---- exercise 10 end ----
+}
+
+// ============================================================================
+// 4b. What a swap costs: copies, not just bytes
+// ============================================================================
+//
+// step_cost's swap_bytes term is the first-order model: bytes over the
+// link's bandwidth. The simulated GPU (sim_runner.hpp) prices its swaps here
+// instead, with what that term leaves out, each part from how vLLM V0 swaps:
+//   copies      V0 moves a block as many small copies, not one: its cache
+//               engine swaps layer by layer, the key and the value cache
+//               separately (vllm/worker/cache_engine.py swap_in/swap_out,
+//               the attention backend's swap_blocks), and the swap_blocks
+//               op (csrc/cache_kernels.cu) issues one cudaMemcpyAsync per
+//               block. So a block is 2 x n_layers copies (64 for Llama-3-8B,
+//               of 32 KiB each), and each copy call costs copy_overhead_s
+//               (5 us, section 1) before its bytes move: for a Llama-3-8B
+//               block (2 MiB) that is 320 us of calls against 84 us of
+//               bytes on Gen4 (42 on Gen5). We add the two; a driver that
+//               overlapped each call with the previous copy's bytes would
+//               pay only the larger, a fifth less on Gen4.
+//   contention  the link is not ours alone: other GPUs behind the same PCIe
+//               switch, the host's own I/O and checkpoint or data loading
+//               share it. pcie_background is the share they take; a swap
+//               gets the rest.
+//   direction   out (device to host) and in (host to device) are both paid.
+//               PCIe is full duplex, but V0 issues both on the stream the
+//               step runs on, one after the other, so they add.
+//   stalls      V0 issues the step's swaps before its kernels, on the same
+//               stream: the step waits for all of them (CostParams::
+//               swap_stalls, the default). With swap_stalls false the
+//               copies go to a side stream: swap-outs then hide behind the
+//               step's compute, but a swap-in still must finish before the
+//               step runs, because the resumed request's attention reads
+//               the K/V it brings back.
+
+// The time to copy `bytes` in `copies` calls over hw's link, as the rest of
+// the traffic leaves it.
+inline double swap_seconds(const Hardware& hw, double copies, double bytes) {
+    if (copies <= 0 && bytes <= 0) return 0.0;
+    require_number(copies, "swap_seconds: copies", 0, 1e15, false);
+    require_number(bytes, "swap_seconds: bytes", 0, 1e18, false);
+    const double bw = hw.pcie_bw * (1.0 - hw.pcie_background);
+    return copies * hw.copy_overhead_s + bytes / bw;
+}
+
+// One step's swaps, both ways.
+struct SwapTraffic {
+    double out_copies = 0, out_bytes = 0;  // device -> host (victims leaving)
+    double in_copies = 0, in_bytes = 0;    // host -> device (victims resuming)
+};
+
+// How long the step waits for its swaps, given the step's compute time
+// (linear + attention): everything before the kernels when copies stall the
+// step (V0); otherwise the swap-ins, plus what of the swap-outs exceeds the
+// compute they overlap.
+inline double swap_stall_seconds(const Hardware& hw, const CostParams& p, const SwapTraffic& t, double compute_s) {
+    const double out = swap_seconds(hw, t.out_copies, t.out_bytes), in = swap_seconds(hw, t.in_copies, t.in_bytes);
+    if (p.swap_stalls) return out + in;
+    return in + std::max(0.0, out - compute_s);
 }
 
 // ============================================================================

@@ -72,7 +72,7 @@ inline SimConfig sim_config(const std::string& gpu, const std::string& model, co
     const GpuSpec& g = find_preset(gpu_presets(), gpu, "GPU preset");
     SimConfig s;
     s.model = find_preset(model_presets(), model, "model preset");
-    s.hw = hardware_of(g, find_preset(pcie_presets(), pcie.empty() ? g.pcie : pcie, "PCIe preset"));
+    s.hw = hardware_for(g, find_preset(pcie_presets(), pcie.empty() ? g.pcie : pcie, "PCIe preset"), s.model.weight_bytes);
     return s;
 }
 
@@ -113,7 +113,8 @@ public:
         throw std::logic_error("SimRunner computes no logits (produces_tokens() is true: the engine asks forward_argmax)");
     }
     // One step: the cost of the batch (plus the swaps queued since the last
-    // step), and a token for every row that wants one.
+    // step, priced by cost_model.hpp section 4b), and a token for every row
+    // that wants one.
     void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) override {
         // Per sequence row: new tokens, and where its context ends.
         items_.assign((size_t)b.num_seqs(), StepItem{0, 0});
@@ -122,15 +123,26 @@ public:
             it.new_tokens++;
             it.context_end = std::max(it.context_end, b.positions[t] + 1);
         }
-        last_ = step_cost(cfg_.model, cfg_.hw, cfg_.cost, items_, (int)b.logits_indices.size(), pending_swap_bytes_);
-        pending_swap_bytes_ = 0;
+        last_ = step_cost(cfg_.model, cfg_.hw, cfg_.cost, items_, (int)b.logits_indices.size(), 0.0);
+        last_.swap_s = swap_stall_seconds(cfg_.hw, cfg_.cost, pending_swap_, last_.linear_s + last_.attention_s);
+        last_.total_s += last_.swap_s;
+        pending_swap_ = SwapTraffic{};
         modelled_s_ += last_.total_s;
         const int V = cfg_.model.shape.vocab_size;
         tokens.resize(b.logits_indices.size());
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = sim_token(b.logits_seed.at(i), b.logits_output_index.at(i), V);
     }
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { pending_swap_bytes_ += pairs.size() * (double)geo_.bytes_per_block(); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { pending_swap_bytes_ += pairs.size() * (double)geo_.bytes_per_block(); }
+    // A block crosses the link as 2 x n_layers copies (its K and its V, layer
+    // by layer: vLLM V0's way, cost_model.hpp section 4b).
+    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        pending_swap_.out_copies += (double)pairs.size() * copies_per_block();
+        pending_swap_.out_bytes += (double)pairs.size() * (double)geo_.bytes_per_block();
+    }
+    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+        pending_swap_.in_copies += (double)pairs.size() * copies_per_block();
+        pending_swap_.in_bytes += (double)pairs.size() * (double)geo_.bytes_per_block();
+    }
+    double copies_per_block() const { return 2.0 * cfg_.model.shape.n_layers; }
     double take_modelled_seconds() override {
         const double s = modelled_s_;
         modelled_s_ = 0;
@@ -150,7 +162,7 @@ private:
     SimConfig cfg_;
     KVGeometry geo_;
     std::vector<StepItem> items_;  // [num_seqs] this step's composition
-    double pending_swap_bytes_ = 0;
+    SwapTraffic pending_swap_;  // the swaps queued for the next step
     double modelled_s_ = 0;
     StepCost last_;
 };

@@ -31,8 +31,11 @@
 #include <ctime>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +55,8 @@ namespace study {
 // 1. The device
 // ============================================================================
 
+struct MeasureMemo;
+
 // Where a study runs: this CPU with the built-in model (measured), or a
 // simulated GPU running a model preset (modelled: cost_model.hpp).
 struct Env {
@@ -59,6 +64,19 @@ struct Env {
     std::string gpu = "h200", model = "llama-3-8b", pcie;  // the sim's presets ("" pcie = the GPU's own)
     pkv::CostParams cost;                                  // the sim's cost parameters
     double pcie_bw_override = 0;                           // > 0: replaces the link's bandwidth (bytes/s)
+    double pcie_background = 0;                            // the share of the link other traffic takes, [0, 0.99]
+    // The workload's own inputs (every study reads them; a map varies them):
+    uint64_t seed = 1;    // the traffic's seed (lengths, arrivals, tokens)
+    double scale = 1.0;   // every prompt and output length x scale
+    double load = 0;      // arrival rate as a multiple of the measured capacity; 0 = the study's own default
+    // 1 for a single run. A map cell (study_map.hpp) is lighter: each run
+    // serves this fraction of the study's requests, and a study may skip
+    // variants its verdicts do not read (each study says which).
+    double cell = 1.0;
+    bool map_cell() const { return cell < 1.0; }
+    // A map's cells share the runs that do not depend on what sets them
+    // apart (measure_shared); null for a single run.
+    std::shared_ptr<MeasureMemo> memo;
     const pkv::ModelAndTokenizer* cpu_model = nullptr;     // the CPU's model (the built-in one)
     // The `cpu` preset (sim_runner.hpp section 2), measured on this machine
     // for the built-in model: set when the sim should model this CPU.
@@ -69,14 +87,26 @@ struct Env {
         if (!sim()) return "cpu (this machine, built-in model, one thread, measured CPU time)";
         if (measured) return "sim (the `cpu` preset: this machine's rates, measured for the built-in model; modelled time)";
         const pkv::SimConfig s = sim_config_for(pcie);
-        char b[200];
-        std::snprintf(b, sizeof b, "sim (%s + %s, %s PCIe at %.0f GB/s, modelled time)", gpu.c_str(), model.c_str(),
-                      (pcie.empty() ? pkv::find_preset(pkv::gpu_presets(), gpu, "GPU preset").pcie : pcie).c_str(), s.hw.pcie_bw / 1e9);
+        char b[240];
+        std::snprintf(b, sizeof b, "sim (%s + %s, %s PCIe at %.0f GB/s%s, modelled time)", gpu.c_str(), model.c_str(),
+                      (pcie.empty() ? pkv::find_preset(pkv::gpu_presets(), gpu, "GPU preset").pcie : pcie).c_str(), s.hw.pcie_bw / 1e9,
+                      pcie_background > 0 ? (", " + std::to_string((int)std::lround(100 * pcie_background)) + "% of it taken by other traffic").c_str()
+                                          : "");
         return b;
     }
     const pkv::Config& shape() const {
         if (measured) return measured->model.shape;
         return sim() ? pkv::find_preset(pkv::model_presets(), model, "model preset").shape : cpu_model->model.cfg;
+    }
+    // Everything about this env that a run's result depends on, but its
+    // link (a run that never crosses it can be shared across links).
+    std::string identity_but_link() const {
+        char b[320];
+        std::snprintf(b, sizeof b, "%d|%s|%s|%p|%.17g|%.17g|%.17g|%.17g|%.17g|%.17g|%d|%.17g|%llu|%.17g|%.17g", (int)device, gpu.c_str(),
+                      model.c_str(), (const void*)measured, cost.bw_efficiency, cost.flops_efficiency, cost.attn_flops_efficiency,
+                      cost.step_overhead_s, cost.per_token_s, cost.per_logit_s, (int)cost.swap_stalls, scale, (unsigned long long)seed, load,
+                      cell);
+        return b;
     }
     // The sim's configuration with the PCIe link `link` ("" = the env's).
     pkv::SimConfig sim_config_for(const std::string& link) const {
@@ -84,6 +114,7 @@ struct Env {
         pkv::SimConfig s = pkv::sim_config(gpu, model, link.empty() ? pcie : link);
         s.cost = cost;
         if (pcie_bw_override > 0) s.hw.pcie_bw = pcie_bw_override;
+        s.hw.pcie_background = pcie_background;
         return s;
     }
 };
@@ -104,6 +135,7 @@ struct Scenario : EngineKnobs {
     Scenario() { num_blocks = 0; }
     std::string name;
     int kv_bytes_override = 0;                   // the sim: serve the KV cache with this many bytes per element (1 = FP8)
+    double memory_utilization = 0;               // the sim: vLLM's gpu_memory_utilization (0 = the default, 0.9)
     std::string pcie;                            // the sim: this link instead of the env's ("" = the env's)
     int replicas = 1;
     Router router = Router::kRoundRobin;
@@ -118,7 +150,7 @@ struct Scenario : EngineKnobs {
 // on the sim.
 struct DeviceClock : pkv::Clock {
     double t = 0;        // device seconds when the current step began (or now, between steps)
-    bool real = true;    // CPU: add the CPU time a step takes
+    bool real = true;    // CPU: add the CPU time a step takes (the sim's clock only advances)
     bool in_step = false;
     double wall0 = 0;
     static double wall() {
@@ -130,7 +162,7 @@ struct DeviceClock : pkv::Clock {
     void advance(double seconds) override { t += seconds; }
     void begin_step() {
         in_step = true;
-        wall0 = wall();
+        if (real) wall0 = wall();
     }
     void end_step() {
         if (real) t += wall() - wall0;
@@ -162,6 +194,27 @@ struct Measurement {
     // Preemption bookkeeping for the mechanism checks: tokens a victim had
     // computed when it was preempted (what a recompute must redo).
     long victim_tokens = 0;
+    // Per request, in the traffic's order: when it ended (device seconds
+    // after its arrival; -1 if rejected or failed) and how many output tokens
+    // it got.
+    std::vector<double> e2e_by_request;
+    std::vector<int> tokens_by_request;
+    // Every inter-token gap, by its cause (see measure()):
+    //   preempted  the request was preempted between the two tokens: it
+    //              waited to be readmitted, then recomputed or swapped in;
+    //   prefill    no preemption, but a step in between also computed a
+    //              prefill or recompute chunk (its own or another request's),
+    //              so the token waited behind that chunk;
+    //   decode     neither: plain decode steps.
+    pkv::LatencySamples itl_preempted, itl_prefill, itl_decode;
+    // The inter-token latencies without the prefill stalls: what preemption
+    // alone does to the stream (decode and preempted gaps together).
+    pkv::LatencySamples itl_without_prefill() const {
+        pkv::LatencySamples s;
+        s.v = itl_decode.v;
+        s.v.insert(s.v.end(), itl_preempted.v.begin(), itl_preempted.v.end());
+        return s;
+    }
 
     double useful_tok_per_s() const { return makespan_s > 0 ? useful_tokens / makespan_s : 0; }
     double processed_tok_per_s() const { return makespan_s > 0 ? computed_tokens / makespan_s : 0; }
@@ -189,6 +242,7 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         pkv::SimConfig s = env.sim_config_for(sc.pcie);
         if (sc.kv_bytes_override > 0) s.model.kv_bytes = sc.kv_bytes_override;
         else if (sc.kv_dtype != pkv::KVDtype::kF32) s.model.kv_bytes = pkv::kv_dtype_bytes(sc.kv_dtype);
+        if (sc.memory_utilization > 0) s.memory_utilization = sc.memory_utilization;
         s.max_num_batched_tokens = sc.max_num_batched_tokens;
         s.max_num_seqs = sc.max_num_seqs;
         auto sr = std::make_unique<pkv::SimRunner>(s);
@@ -197,7 +251,8 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         r.clock->real = false;
     } else {
         if (sc.num_blocks == 0) throw std::invalid_argument("a CPU scenario needs num_blocks");
-        if (!sc.pcie.empty() || sc.kv_bytes_override) throw std::invalid_argument("PCIe and KV byte overrides are for the sim");
+        if (!sc.pcie.empty() || sc.kv_bytes_override || sc.memory_utilization > 0)
+            throw std::invalid_argument("PCIe, KV byte and memory-utilization overrides are for the sim");
         runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model);
     }
     r.engine = std::make_unique<pkv::Engine>(std::move(runner), ec, r.clock.get());
@@ -208,16 +263,37 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
 // router sends each arriving request to one of them, looking at the
 // replicas' state at the arrival time; the replicas run side by side in
 // device time (the one furthest behind steps next).
+//
+// Every inter-token gap is put down to a cause (Measurement's itl_*): a
+// preemption between the two tokens, else a step in between that also
+// computed a prefill or recompute chunk, else plain decode. A step computed
+// such a chunk when it computed more tokens than it emitted (each decode
+// row computes one token and emits one; a chunk of n tokens emits at most
+// one). The gaps of a step are classified once the step is over, when its
+// token count is known.
 inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& hook = {}) {
     const pkv::Config& shape = env.shape();
     const std::vector<PlannedRequest> plan = plan_traffic(sc.traffic, shape.vocab_size);
     const int R = (int)plan.size();
     Measurement out;
     out.requests = R;
+    out.e2e_by_request.assign((size_t)R, -1.0);
+    out.tokens_by_request.assign((size_t)R, 0);
     std::vector<Replica> reps;
     for (int k = 0; k < std::max(1, sc.replicas); ++k) reps.push_back(make_replica(env, sc));
     std::vector<double> last_token(R, -1.0);
-    std::vector<char> ended(R, 0);
+    std::vector<char> ended(R, 0), preempted_since(R, 0);
+    // Per request: how many chunk-carrying steps its replica had run when
+    // it emitted its last token; per replica: that count, and this step's
+    // emitted tokens and unclassified gaps.
+    std::vector<long> chunk_steps_at(R, 0), chunk_steps((size_t)std::max(1, sc.replicas), 0);
+    long step_emitted = 0;
+    struct Gap {
+        int g;
+        double dt;
+    };
+    std::vector<Gap> step_gaps;
+    std::vector<int> step_token_reqs;  // requests that emitted a token this step
     for (int k = 0; k < (int)reps.size(); ++k) {
         Replica& rep = reps[(size_t)k];
         rep.engine->on_event = [&, k](const pkv::StreamEvent& e) {
@@ -225,8 +301,17 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
             const double a = plan[(size_t)g].arrival_s;
             switch (e.type) {
                 case pkv::EventType::kToken:
+                    ++step_emitted;
+                    step_token_reqs.push_back(g);
+                    out.tokens_by_request[(size_t)g]++;
                     if (last_token[(size_t)g] < 0) out.ttft.add(e.time - a);
-                    else out.itl.add(e.time - last_token[(size_t)g]);
+                    else {
+                        const double dt = e.time - last_token[(size_t)g];
+                        out.itl.add(dt);
+                        if (preempted_since[(size_t)g]) out.itl_preempted.add(dt);
+                        else step_gaps.push_back({g, dt});  // prefill or decode: known after the step
+                    }
+                    preempted_since[(size_t)g] = 0;
                     last_token[(size_t)g] = e.time;
                     break;
                 case pkv::EventType::kFinished:
@@ -234,6 +319,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
                     if (e.reason == pkv::FinishReason::kError) out.failed++;
                     else if (e.reason != pkv::FinishReason::kAborted) {
                         out.e2e.add(e.time - a);
+                        out.e2e_by_request[(size_t)g] = e.time - a;
                         out.done_s.push_back(e.time);
                     }
                     break;
@@ -242,6 +328,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
                     out.reject_latency.add(std::max(0.0, e.time - a));
                     break;
                 case pkv::EventType::kPreempted:
+                    preempted_since[(size_t)g] = 1;
                     out.victim_tokens += reps[(size_t)k].engine->request(e.request_id)->num_computed_high_water;
                     break;
                 case pkv::EventType::kResumed: break;
@@ -286,10 +373,21 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         if (k_min < 0) break;  // nothing left anywhere
         Replica& rep = reps[(size_t)k_min];
         const double t0 = rep.clock->t;
+        const long computed0 = rep.engine->metrics().computed_tokens_total;
+        step_emitted = 0;
+        step_gaps.clear();
+        step_token_reqs.clear();
         rep.clock->begin_step();
         rep.engine->step();
         rep.clock->end_step();
         out.busy_s += rep.clock->t - t0;
+        // This step carried a chunk if it computed more tokens than it emitted.
+        if (rep.engine->metrics().computed_tokens_total - computed0 > step_emitted) chunk_steps[(size_t)k_min]++;
+        // A gap is a prefill stall if a chunk-carrying step ran after the
+        // request's previous token, up to and including this one.
+        for (const Gap& gp : step_gaps)
+            (chunk_steps[(size_t)k_min] > chunk_steps_at[(size_t)gp.g] ? out.itl_prefill : out.itl_decode).add(gp.dt);
+        for (int g : step_token_reqs) chunk_steps_at[(size_t)g] = chunk_steps[(size_t)k_min];
         if (++steps > max_steps) throw std::runtime_error("measure: too many steps (a scheduler that makes no progress?)");
         // The whole fleet's view after this step.
         double kv = 0;
@@ -348,6 +446,43 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
     return out;
 }
 
+// Runs a map's cells share: one measurement per key, computed once (by
+// whichever cell asks first; the others wait for it).
+struct MeasureMemo {
+    std::mutex mu;
+    std::map<std::string, std::shared_future<Measurement>> runs;
+};
+// measure(env, sc), shared through env.memo under `key` when there is one.
+// The key must name everything about `sc` the run depends on; the env's
+// part (but its link) is added here. Only for runs that never cross the
+// link and have no event hook.
+inline Measurement measure_shared(const Env& env, const Scenario& sc, const std::string& key) {
+    if (!env.memo || key.empty()) return measure(env, sc);
+    const std::string k = env.identity_but_link() + "|" + key;
+    std::promise<Measurement> mine;
+    std::shared_future<Measurement> f;
+    bool compute = false;
+    {
+        std::lock_guard<std::mutex> lock(env.memo->mu);
+        auto it = env.memo->runs.find(k);
+        if (it == env.memo->runs.end()) {
+            f = mine.get_future().share();
+            env.memo->runs.emplace(k, f);
+            compute = true;
+        } else {
+            f = it->second;
+        }
+    }
+    if (compute) {
+        try {
+            mine.set_value(measure(env, sc));
+        } catch (...) {
+            mine.set_exception(std::current_exception());
+        }
+    }
+    return f.get();
+}
+
 // ============================================================================
 // 4. Claims and verdicts
 // ============================================================================
@@ -389,11 +524,14 @@ inline const char* to_string(Verdict v) {
     return "?";
 }
 
-// One claim's verdict and the numbers behind it.
+// One claim's verdict and the numbers behind it: in words (`because`) and
+// as the decider's inputs, by name (a map's cells carry them: study_map.hpp).
+using Numbers = std::vector<std::pair<std::string, double>>;
 struct ClaimVerdict {
     std::string claim;
     Verdict verdict;
     std::string because;
+    Numbers numbers = {};
 };
 // The overall verdict of several: all agree -> that; otherwise mixed (not
 // shown only when nothing was shown).
@@ -410,8 +548,8 @@ inline Verdict combine(const std::vector<ClaimVerdict>& v) {
 }
 // A verdict from a test that holds (supported), fails the other way
 // (contradicted), or neither (mixed), with its reason.
-inline ClaimVerdict verdict(const std::string& claim, bool holds, bool opposite, const std::string& because) {
-    return {claim, holds ? Verdict::kSupported : opposite ? Verdict::kContradicted : Verdict::kMixed, because};
+inline ClaimVerdict verdict(const std::string& claim, bool holds, bool opposite, const std::string& because, Numbers numbers = {}) {
+    return {claim, holds ? Verdict::kSupported : opposite ? Verdict::kContradicted : Verdict::kMixed, because, std::move(numbers)};
 }
 
 // ============================================================================

@@ -247,7 +247,9 @@ TEST_CASE("KV pool sizing follows vLLM's rule") {
     const double weights = 8030261248.0 * 2;  // total parameters of Llama-3-8B, BF16
     CHECK(near_rel(total_params(m.shape), 8030261248.0, 1e-9));
     const double reserve = 1024.0 * 1024 * 1024 + 8192.0 * (4 * 4096 + 2 * 14336) * 2 + 256.0 * 128256 * 4;
-    const double budget = 0.9 * 141e9 - weights - reserve;
+    // The H200's capacity is what the device reports: 143,771 MiB.
+    CHECK(g.memory_bytes == 143771.0 * 1048576.0);
+    const double budget = 0.9 * 143771.0 * 1048576.0 - weights - reserve;
     const int64_t blocks = (int64_t)std::floor(budget / (16.0 * 131072));
     CHECK(near_rel(k.weight_bytes, weights, 1e-9));
     CHECK(near_rel(k.reserve_bytes, reserve, 1e-9));
@@ -265,7 +267,7 @@ TEST_CASE("KV pool sizing follows vLLM's rule") {
     CHECK(eng.config().sched.max_model_len == 8192);  // the model's context: the pool holds it many times over
     // A lower utilization gives a smaller pool, by exactly the memory taken away.
     const KVPoolSize half = kv_pool_size(m, g.memory_bytes, 0.5, 16, 8192, 256);
-    CHECK(near_rel(k.kv_budget_bytes - half.kv_budget_bytes, 0.4 * 141e9, 1e-9));
+    CHECK(near_rel(k.kv_budget_bytes - half.kv_budget_bytes, 0.4 * g.memory_bytes, 1e-9));
 }
 
 // Proves a model whose weights exceed utilization x memory is refused at SimRunner construction with std::invalid_argument naming the model and the GPU.
@@ -273,7 +275,7 @@ TEST_CASE("a model that does not fit its GPU is refused, by name") {
     // Llama-3-8B's weights are 16.06 GB in BF16; half of an L4's 24 GB is 12 GB.
     SimConfig sc = sim_config("l4", "llama-3-8b");
     sc.memory_utilization = 0.5;
-    CHECK(total_params(sc.model.shape) * sc.model.weight_bytes > 0.5 * 24e9);
+    CHECK(total_params(sc.model.shape) * sc.model.weight_bytes > 0.5 * sc.hw.memory_bytes);
     std::string msg;
     try {
         SimRunner r(sc);
@@ -324,6 +326,51 @@ TEST_CASE("swap cost: stalled or overlapped with compute") {
     CHECK(only.overhead_s == 0.0);
     CHECK(near_rel(only.total_s, 0.02, 1e-12));
     CHECK(near_rel(step_cost(m, sc.hw, stall, {}, 0, 1e9).total_s, 0.02, 1e-12));
+}
+
+// Proves the simulated GPU's swap price (cost_model.hpp section 4b): a block
+// of Llama-3-8B crosses the link as 2 x 32 copies of 5 us each plus its bytes
+// at what the other traffic leaves of the link; both directions are paid;
+// when copies stall the step (vLLM V0) the step waits for all of them,
+// otherwise swap-outs hide behind compute but swap-ins never do; and an FP8
+// model's GEMMs run at the GPU's FP8 rate (attention at BF16).
+TEST_CASE("swap cost: per-copy overhead, both directions, background traffic, swap-ins stall") {
+    const SimConfig sc = sim_config("a100-80g", "llama-3-8b");
+    REQUIRE(sc.hw.pcie_bw == 25e9);
+    REQUIRE(sc.hw.copy_overhead_s == 5e-6);
+    SimRunner r(sc);
+    CHECK(r.copies_per_block() == 64.0);
+    const double block = 2097152.0;  // 16 tokens x 128 KiB
+    // One block: 64 calls (320 us) + 2 MiB at 25 GB/s (83.9 us).
+    CHECK(near_rel(swap_seconds(sc.hw, 64, block), 64 * 5e-6 + block / 25e9, 1e-12));
+    Hardware busy = sc.hw;
+    busy.pcie_background = 0.5;  // half the link taken: the bytes take twice as long, the calls the same
+    CHECK(near_rel(swap_seconds(busy, 64, block), 64 * 5e-6 + block / 12.5e9, 1e-12));
+    CHECK(swap_seconds(sc.hw, 0, 0) == 0.0);
+    CHECK_THROWS_AS(swap_seconds(sc.hw, -1, block), std::invalid_argument);
+    SwapTraffic t;
+    t.out_copies = t.in_copies = 64 * 10;
+    t.out_bytes = t.in_bytes = 10 * block;
+    const double one_way = swap_seconds(sc.hw, 640, 10 * block);
+    CostParams stall, overlap;
+    stall.swap_stalls = true;
+    overlap.swap_stalls = false;
+    CHECK(near_rel(swap_stall_seconds(sc.hw, stall, t, 1e-3), 2 * one_way, 1e-12));  // both ways, on the step's stream
+    CHECK(near_rel(swap_stall_seconds(sc.hw, overlap, t, 1.0), one_way, 1e-12));     // outs hidden under 1 s of compute; ins wait
+    CHECK(near_rel(swap_stall_seconds(sc.hw, overlap, t, 1e-3), one_way + (one_way - 1e-3), 1e-12));
+    SwapTraffic in_only;
+    in_only.in_copies = 64;
+    in_only.in_bytes = block;
+    CHECK(swap_stall_seconds(sc.hw, overlap, in_only, 10.0) > 0.0);  // a swap-in never hides
+    // The door: a background share of 1 would leave no link.
+    SimConfig bad = sc;
+    bad.hw.pcie_background = 1.0;
+    CHECK_THROWS_WITH_AS(SimRunner{bad}, doctest::Contains("pcie_background"), std::invalid_argument);
+    // FP8 weights on Hopper: the GEMMs at the FP8 rate; on an A100 (no FP8 units) at BF16.
+    const SimConfig h = sim_config("h100", "llama-3.1-8b-fp8"), a = sim_config("a100-80g", "llama-3.1-8b-fp8");
+    CHECK(h.hw.peak_flops == 1979e12);
+    CHECK(h.hw.attn_peak_flops == 989e12);
+    CHECK(a.hw.peak_flops == 312e12);
 }
 
 // Proves a simulated run is deterministic to the last event (type, id, time, token, output index), with recompute and with swap preemptions, and that its tokens depend only on (seed, output index): identical between an ample pool and a pressured one.

@@ -25,13 +25,17 @@
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
 #                   stdout, charts in build/plots/ (one: make study-thrash, study-victim, ...)
 #   make plots      the charts lab/LAB.md shows, refreshed into lab/plots/
-#   make check-docs every command listing in TUTORIAL.md, lab/LAB.md and README.md re-run and compared
+#   make check-docs every command listing in TUTORIAL.md, lab/LAB.md, README.md and COURSE.md re-run and compared
 #                   with what is printed there (numbers marked ~ are timing and may differ)
 #   make docs       re-run those listings and rewrite their output in place
 #   make exercises  the course kit (COURSE.md): a student copy with every exercise cut, in
 #                   build/course/exercises (make exercise N=3: only exercise 3)
-#   make grade      grade this tree: the reference itself, or a student copy (one line per
-#                   exercise, the analysis questions, a total; exit 0 only if all pass)
+#   make grade      grade this tree: the reference itself, or a student copy (a self-check;
+#                   with PAGEDKV_REFERENCE set, a grade against it): one line per exercise as
+#                   it finishes, the analysis questions, a total; exit 0 only if all pass.
+#                   make grade N=3 (or N=3,4): only those exercises, no questions
+#   make kit-selftest  the course kit proves itself: the reference passes, stubs, known-wrong
+#                   implementations and cheats fail (tests/exercises/wrong/)
 #   make clean
 
 BUILD    ?= build
@@ -212,9 +216,9 @@ $(BUILD)/kernel_tests: $(BUILD)/obj/tests/main.o $(BUILD)/obj/tests/test_kernels
                       $(BUILD)/obj/tests/test_kv_dtype.o $(BUILD)/obj/tests/test_swap.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-# The listings of TUTORIAL.md, lab/LAB.md and README.md, re-run
+# The listings of TUTORIAL.md, lab/LAB.md, README.md and COURSE.md, re-run
 # (tools/check_docs.cpp; every page's commands run at the repository root).
-DOC_FILES := TUTORIAL.md lab/LAB.md README.md
+DOC_FILES := TUTORIAL.md lab/LAB.md README.md COURSE.md
 check-docs: all
 	./$(BUILD)/check_docs $(DOC_FILES)
 docs: all
@@ -227,7 +231,7 @@ exercise: $(BUILD)/kit
 	@test -n "$(N)" || { echo "say which: make exercise N=3 (kit list shows them; make exercises cuts them all)"; exit 2; }
 	./$(BUILD)/kit cut --exercises $(N) --out build/course/exercise-$(N)
 grade: $(BUILD)/kit | check-doctest
-	./$(BUILD)/kit grade
+	./$(BUILD)/kit grade $(if $(N),--exercises $(N) --no-questions)
 kit-selftest: $(BUILD)/kit | check-doctest
 	./$(BUILD)/kit selftest
 

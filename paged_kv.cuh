@@ -453,6 +453,8 @@ PKV_KERNEL void paged_attention_kernel(AttentionArgs args, int tk) {
         // factor into sa). 4: each thread rescales and accumulates its own
         // (head, d) pairs in acc[r]. A step may only read what an earlier
         // step wrote once every thread has finished writing it: syncthreads().
+        // And the next tile's step 1 overwrites sk, sv and sp: end each tile
+        // with one more syncthreads(), after step 4 has read them.
         // 2. Scores for every (head, key) pair of the tile.
         for (int i = tid; i < G * n; i += nthr) {
             const int h = i / n, j = i % n;

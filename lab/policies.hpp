@@ -219,6 +219,9 @@ public:
         // the blocks, go to the front of swapped_ (count stats_.num_swap_outs,
         // blocks_swapped_out) and return true. Otherwise count
         // stats_.num_swap_fallbacks and return false (the scheduler recomputes).
+        // A victim with no computed token (its first chunk never ran) has
+        // nothing to copy and nothing to recompute: return false at once,
+        // taking no slot and counting neither a swap-out nor a fallback.
         if (cfg_.preemption != Preemption::kSwap) return false;
         const int nblk = (int)blocks_for_tokens(victim.num_computed_tokens, s.pool().block_size());
         if (nblk == 0) return false;  // nothing computed: nothing to copy, nothing to recompute

@@ -179,9 +179,12 @@ inline float runc_random_f32(uint64_t& state) {
 // batch-invariant, so their neighbours in the batch do not matter).
 inline float coin_for(uint64_t seed, int output_index) {
     // ---- exercise 11 begin: a coin that survives preemption ----
-    // A pure function: no state, no global generator. Mix seed and index
-    // into 64 well-scrambled bits (splitmix64's finaliser is one way), keep
-    // the top 24 and scale by 2^-24 into [0, 1).
+    // A pure function: no state, no global generator. The engine's coin is
+    // this exact mix (seeded outputs depend on its bits): s = seed times
+    // 0x9e3779b97f4a7c15 plus the index (64 bits, wrapping); splitmix64's
+    // finaliser on s, with 31 as its first shift: z = s ^ (s >> 31), times
+    // 0xbf58476d1ce4e5b9, z ^ (z >> 27), times 0x94d049bb133111eb, z ^ (z >>
+    // 31). Keep the top 24 bits of z and scale by 2^-24 into [0, 1).
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)output_index;
     uint64_t z = s ^ (s >> 31);
     z *= 0xbf58476d1ce4e5b9ull;

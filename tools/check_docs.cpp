@@ -103,7 +103,8 @@
 // cannot show by passing: it takes the first checked listing with a printed
 // count (or the first one --only picks), checks it as it is (it must be OK),
 // then copies the document to a temporary file with that count increased by
-// one and checks the copy's listing, which must be DRIFT.
+// one and checks the copy's listing, which must be DRIFT. Before that it
+// proves the comparison's bounds on made-up listings (selftest_alignment).
 //
 // Dependencies: the C++ standard library and POSIX (fork, a pseudo-terminal,
 // poll, process groups), which is what running a shell command as at a
@@ -140,7 +141,9 @@ namespace fs = std::filesystem;
 
 constexpr int kDefaultTimeoutS = 120;
 constexpr size_t kMaxOutputBytes = 32u << 20;  // a runaway command is cut here, not allowed to eat memory
-constexpr size_t kMaxAlignLines = 20000;        // past this, the comparison only shows the first lines
+constexpr size_t kMaxAlignLines = 20000;        // printed lines compared; past this, only the first are
+constexpr size_t kMaxExpectedLines = 20000;     // a page's output block longer than this is malformed
+constexpr size_t kMaxAlignCells = 4u << 20;     // (page lines) x (printed lines) the exact alignment may take
 constexpr int kDiffLinesShown = 12;
 
 // A malformed page or an unreadable file: exit status 2, with the place.
@@ -510,6 +513,10 @@ Document parse_document(const std::string& path, const std::string& text, const 
             c.out_begin = k;
             while (k < close && !starts_with(body(k), "$ ")) ++k;
             c.out_end = k;
+            if (c.out_end - c.out_begin > kMaxExpectedLines)
+                throw DocError(where(d, c.line) + ": this command's output on the page is " + std::to_string(c.out_end - c.out_begin) +
+                               " lines, more than the " + std::to_string(kMaxExpectedLines) +
+                               " check_docs compares: show its start and its end with a \"...\" line between them");
             l.commands.push_back(c);
         }
         if (!l.commands.empty() && l.commands.front().line != i + 1)
@@ -715,6 +722,21 @@ std::string unmet_need(const Listing& l, const std::string& dir) {
 // chose to show it: with a cheaper price a "..." next to it would rather
 // swallow its printed successor and drop the line from the page on --update.
 // Dynamic programming finds the cheapest alignment.
+//
+// Dynamic programming costs (page lines) x (printed lines) in time and
+// memory, which for a long listing is seconds and, for a page block of tens
+// of thousands of lines, more memory than there is. So: both sides are
+// bounded (kMaxExpectedLines on the page, kMaxAlignLines printed); the lines
+// that match at the start and at the end are paired first, in linear time
+// (pairing an equal first or last pair is always part of a cheapest
+// alignment, as in any edit distance); only the middle that is left goes to
+// the dynamic programme, and only while it fits in kMaxAlignCells. A middle
+// bigger than that (two long listings that differ throughout) is aligned
+// greedily, in linear time: a pair that matches or differs in numbers only,
+// else a short look ahead for the line that resumes the match, and a "..."
+// that ends where the page line after it first matches. That alignment is
+// not always the cheapest, but it never calls a drift OK: a zero cost still
+// means every page line found its printed line.
 
 struct Step {
     enum Op { kMatch, kEllipsis, kSwallowed, kChanged, kMissing, kExtra };
@@ -730,15 +752,20 @@ void drop_trailing(std::vector<T>& v, Blank blank) {
 }
 
 constexpr int kMissingCost = 3;
+constexpr size_t kLookAhead = 64;  // the greedy alignment's reach
 
-std::vector<Step> align(const std::vector<Pattern>& E, const std::vector<std::string>& A, int* total_cost) {
-    const size_t n = E.size(), m = A.size();
+// The cheapest alignment of E[e0, e1) with A[a0, a1), by dynamic programming
+// (the caller keeps (e1 - e0) x (a1 - a0) within kMaxAlignCells). Steps carry
+// absolute indices.
+std::vector<Step> align_exact(const std::vector<Pattern>& E, const std::vector<std::string>& A, size_t e0, size_t e1, size_t a0,
+                              size_t a1, int* total_cost) {
+    const size_t n = e1 - e0, m = a1 - a0;
     std::vector<std::string> sk_a(m);
-    for (size_t j = 0; j < m; ++j) sk_a[j] = skeleton(A[j]);
+    for (size_t j = 0; j < m; ++j) sk_a[j] = skeleton(A[a0 + j]);
     std::vector<std::string> sk_e(n);
-    for (size_t i = 0; i < n; ++i) sk_e[i] = E[i].ellipsis ? "" : skeleton(E[i].plain);
+    for (size_t i = 0; i < n; ++i) sk_e[i] = E[e0 + i].ellipsis ? "" : skeleton(E[e0 + i].plain);
     auto pair_cost = [&](size_t i, size_t j) {
-        if (matches(E[i], A[j])) return 0;
+        if (matches(E[e0 + i], A[a0 + j])) return 0;
         return sk_e[i] == sk_a[j] ? 1 : kMissingCost + 1;
     };
     // cost[i][j]: cheapest alignment of E[i..] with A[j..]; pc caches pair_cost.
@@ -746,13 +773,13 @@ std::vector<Step> align(const std::vector<Pattern>& E, const std::vector<std::st
     std::vector<int> cost((n + 1) * W, 0);
     std::vector<signed char> pc(n * m, 0);
     for (size_t i = 0; i < n; ++i)
-        if (!E[i].ellipsis)
+        if (!E[e0 + i].ellipsis)
             for (size_t j = 0; j < m; ++j) pc[i * m + j] = (signed char)pair_cost(i, j);
     for (size_t j = 0; j <= m; ++j) cost[n * W + j] = (int)(m - j);
     for (size_t ii = n; ii-- > 0;) {
         for (size_t jj = m + 1; jj-- > 0;) {
             int best;
-            if (E[ii].ellipsis) {
+            if (E[e0 + ii].ellipsis) {
                 best = cost[(ii + 1) * W + jj];
                 if (jj < m) best = std::min(best, cost[ii * W + jj + 1]);
             } else {
@@ -772,26 +799,113 @@ std::vector<Step> align(const std::vector<Pattern>& E, const std::vector<std::st
     size_t i = 0, j = 0;
     while (i < n || j < m) {
         if (i == n) {
-            steps.push_back({Step::kExtra, -1, (int)j++});
+            steps.push_back({Step::kExtra, -1, (int)(a0 + j++)});
             continue;
         }
         const int here = cost[i * W + j];
-        if (E[i].ellipsis) {
+        if (E[e0 + i].ellipsis) {
             if (cost[(i + 1) * W + j] == here) {
-                steps.push_back({Step::kEllipsis, (int)i++, -1});
+                steps.push_back({Step::kEllipsis, (int)(e0 + i++), -1});
             } else {
-                steps.push_back({Step::kSwallowed, (int)i, (int)j++});
+                steps.push_back({Step::kSwallowed, (int)(e0 + i), (int)(a0 + j++)});
             }
             continue;
         }
         if (j < m && pc[i * m + j] + cost[(i + 1) * W + j + 1] == here) {
-            steps.push_back({pc[i * m + j] == 0 ? Step::kMatch : Step::kChanged, (int)i++, (int)j++});
+            steps.push_back({pc[i * m + j] == 0 ? Step::kMatch : Step::kChanged, (int)(e0 + i++), (int)(a0 + j++)});
         } else if (kMissingCost + cost[(i + 1) * W + j] == here) {
-            steps.push_back({Step::kMissing, (int)i++, -1});
+            steps.push_back({Step::kMissing, (int)(e0 + i++), -1});
         } else {
-            steps.push_back({Step::kExtra, -1, (int)j++});
+            steps.push_back({Step::kExtra, -1, (int)(a0 + j++)});
         }
     }
+    return steps;
+}
+
+// A linear alignment of E[e0, e1) with A[a0, a1), for a middle too big for
+// the exact one (see above).
+std::vector<Step> align_greedy(const std::vector<Pattern>& E, const std::vector<std::string>& A, size_t e0, size_t e1, size_t a0,
+                               size_t a1, int* total_cost) {
+    std::vector<Step> steps;
+    int total = 0;
+    size_t i = e0, j = a0;
+    auto same_skeleton = [&](size_t ei, size_t aj) { return skeleton(E[ei].plain) == skeleton(A[aj]); };
+    while (i < e1 || j < a1) {
+        if (i == e1) {
+            steps.push_back({Step::kExtra, -1, (int)j++});
+            total += 1;
+            continue;
+        }
+        if (E[i].ellipsis) {
+            // End it where the next page line that is not "..." first matches.
+            size_t next = i + 1;
+            while (next < e1 && E[next].ellipsis) ++next;
+            size_t stop = a1;
+            if (next < e1)
+                for (size_t k = j; k < a1; ++k)
+                    if (matches(E[next], A[k])) {
+                        stop = k;
+                        break;
+                    }
+            if (next < e1 && stop == a1) stop = j;  // nothing matches: let the lines after it explain the rest
+            for (; j < stop; ++j) steps.push_back({Step::kSwallowed, (int)i, (int)j});
+            steps.push_back({Step::kEllipsis, (int)i++, -1});
+            continue;
+        }
+        if (j == a1) {
+            steps.push_back({Step::kMissing, (int)i++, -1});
+            total += kMissingCost;
+            continue;
+        }
+        if (matches(E[i], A[j])) {
+            steps.push_back({Step::kMatch, (int)i++, (int)j++});
+            continue;
+        }
+        if (same_skeleton(i, j)) {
+            steps.push_back({Step::kChanged, (int)i++, (int)j++});
+            total += 1;
+            continue;
+        }
+        // Printed lines the page does not have, before this page line?
+        size_t k = j + 1;
+        while (k < a1 && k <= j + kLookAhead && !matches(E[i], A[k])) ++k;
+        if (k < a1 && k <= j + kLookAhead) {
+            for (; j < k; ++j) steps.push_back({Step::kExtra, -1, (int)j}), total += 1;
+            continue;
+        }
+        // Page lines that were not printed, before this printed line?
+        size_t l = i + 1;
+        while (l < e1 && l <= i + kLookAhead && (E[l].ellipsis || !matches(E[l], A[j]))) ++l;
+        if (l < e1 && l <= i + kLookAhead) {
+            for (; i < l; ++i) steps.push_back({Step::kMissing, (int)i, -1}), total += kMissingCost;
+            continue;
+        }
+        steps.push_back({Step::kMissing, (int)i++, -1});
+        steps.push_back({Step::kExtra, -1, (int)j++});
+        total += kMissingCost + 1;
+    }
+    *total_cost = total;
+    return steps;
+}
+
+// The alignment of the page's lines E with the printed lines A: equal ends
+// first, then the middle, exactly when it is small enough.
+std::vector<Step> align(const std::vector<Pattern>& E, const std::vector<std::string>& A, int* total_cost,
+                        bool* greedy = nullptr) {
+    size_t head = 0;
+    while (head < E.size() && head < A.size() && !E[head].ellipsis && matches(E[head], A[head])) ++head;
+    size_t tail = 0;
+    while (tail < E.size() - head && tail < A.size() - head && !E[E.size() - 1 - tail].ellipsis &&
+           matches(E[E.size() - 1 - tail], A[A.size() - 1 - tail]))
+        ++tail;
+    const size_t e0 = head, e1 = E.size() - tail, a0 = head, a1 = A.size() - tail;
+    std::vector<Step> steps;
+    for (size_t k = 0; k < head; ++k) steps.push_back({Step::kMatch, (int)k, (int)k});
+    const bool big = (e1 - e0) * (a1 - a0) > kMaxAlignCells;
+    if (greedy) *greedy = big;
+    const std::vector<Step> middle = big ? align_greedy(E, A, e0, e1, a0, a1, total_cost) : align_exact(E, A, e0, e1, a0, a1, total_cost);
+    steps.insert(steps.end(), middle.begin(), middle.end());
+    for (size_t k = tail; k-- > 0;) steps.push_back({Step::kMatch, (int)(E.size() - 1 - k), (int)(A.size() - 1 - k)});
     return steps;
 }
 
@@ -1089,8 +1203,88 @@ std::pair<size_t, size_t> first_count(const std::string& line) {
     return {std::string::npos, 0};
 }
 
+// The comparison's bounds, on made-up listings (no command runs): a long
+// listing with one count changed is a DRIFT with exactly that change; a
+// "..." between two long runs is OK; two long listings that differ
+// throughout take the greedy path and still end; and a page block of 60,000
+// lines is refused as malformed (it once ended in std::bad_alloc). Times are
+// printed, not judged: they depend on the machine. Returns the failures.
+int selftest_alignment() {
+    using clock = std::chrono::steady_clock;
+    int failures = 0;
+    auto report = [&](bool ok, const std::string& what, clock::time_point t0) {
+        const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+        std::printf("selftest: %s  %s (%.0f ms)\n", ok ? "ok  " : "FAIL", what.c_str(), ms);
+        failures += !ok;
+    };
+    auto line = [](const char* what, size_t i) { return std::string(what) + " " + std::to_string(i) + " tokens"; };
+    const size_t n = kMaxAlignLines;
+    {
+        const auto t0 = clock::now();
+        std::vector<Pattern> E;
+        std::vector<std::string> A;
+        for (size_t i = 0; i < n; ++i) {
+            E.push_back(compile(line("step", i)));
+            A.push_back(line("step", i == n / 2 ? i + 1 : i));
+        }
+        int cost = 0;
+        bool greedy = true;
+        const std::vector<Step> steps = align(E, A, &cost, &greedy);
+        size_t changed = 0;
+        for (const Step& s : steps) changed += s.op != Step::kMatch;
+        report(cost == 1 && changed == 1 && !greedy,
+               std::to_string(n) + " lines with one count changed in the middle: DRIFT, one changed line", t0);
+    }
+    {
+        const auto t0 = clock::now();
+        std::vector<Pattern> E;
+        std::vector<std::string> A;
+        for (size_t i = 0; i < n / 2; ++i) E.push_back(compile(line("head", i)));
+        E.push_back(compile("..."));
+        for (size_t i = 0; i < n / 2; ++i) E.push_back(compile(line("tail", i)));
+        for (size_t i = 0; i < n / 2; ++i) A.push_back(line("head", i));
+        for (size_t i = 0; i < n / 4; ++i) A.push_back(line("cut", i));
+        for (size_t i = 0; i < n / 2; ++i) A.push_back(line("tail", i));
+        int cost = -1;
+        align(E, A, &cost);
+        report(cost == 0, std::to_string(E.size()) + " page lines with a \"...\" in the middle over " + std::to_string(A.size()) +
+                              " printed: OK", t0);
+    }
+    {
+        const auto t0 = clock::now();
+        std::vector<Pattern> E;
+        std::vector<std::string> A;
+        for (size_t i = 0; i < n; ++i) {
+            E.push_back(compile(line("page", i)));
+            A.push_back("printed " + std::to_string(i));
+        }
+        int cost = 0;
+        bool greedy = false;
+        align(E, A, &cost, &greedy);
+        report(cost > 0 && greedy, std::to_string(n) + " lines against " + std::to_string(n) + " others: DRIFT, aligned greedily", t0);
+    }
+    {
+        const auto t0 = clock::now();
+        std::string page = "```\n$ seq 60000\n";
+        for (int i = 1; i <= 60000; ++i) page += std::to_string(i) + "\n";
+        page += "```\n";
+        std::string why;
+        try {
+            parse_document("made-up.md", page, ".");
+        } catch (const DocError& e) {
+            why = e.what();
+        }
+        report(why.find("more than the") != std::string::npos, "a 60000-line output block on a page: refused as malformed", t0);
+    }
+    return failures;
+}
+
 int selftest(const Options& o) {
     if (o.files.size() != 1) usage_error("--selftest takes exactly one document");
+    if (selftest_alignment() != 0) {
+        std::printf("selftest: FAILED: the comparison's bounds\n");
+        return 1;
+    }
     const std::string path = o.files.front();
     const std::string dir = run_dir_of(path);
     const Document d = load_document(path, dir);

@@ -12,14 +12,12 @@
 // exercise 6's two victims, exercise 8's batch order, exercise 9's tiles)
 // stays in that file, next to the checks it explains.
 //
-// A check file includes this after doctest and says `using namespace
+// A check file includes this after its own headers and says `using namespace
 // pkv_check;`. Nothing here computes an expected value from an exercise's
 // code: the helpers build inputs, play the engine's part (complete()) or
 // read a data structure back (the free list, check_invariants), and the
 // checks keep their own arithmetic.
 #pragma once
-
-#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +34,22 @@
 #include "paged_kv.cuh"
 #include "lab/policies.hpp"
 #include "scheduler.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
+
+// How doctest prints a list of block ids or tokens in a failed check: without
+// this, `CHECK(first(8) == Ids{2})` would report `CHECK( {?} == {?} )`, and the
+// student would not see what their code produced. With it: `CHECK( {2, 5} ==
+// {2} )`.
+template <>
+struct doctest::StringMaker<std::vector<int32_t>> {
+    static doctest::String convert(const std::vector<int32_t>& v) {
+        std::string s = "{";
+        for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+        return (s + "}").c_str();
+    }
+};
 
 namespace pkv_check {
 

@@ -21,12 +21,13 @@
 //   - "reshape and cache fills the slots of a scattered table": the emulated
 //     reshape_and_cache kernel, fed the slots slot_of computes, puts every
 //     token's K and V where the layout says and leaves every other float alone.
-#include <doctest/doctest.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "paged_kv.cuh"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 

@@ -29,8 +29,6 @@
 //     empty one (no blocks, num_hashed 0, the root hash, not broken), and
 //     every block goes back exactly once, shared ones keeping their other
 //     holder.
-#include <doctest/doctest.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +36,9 @@
 #include "core/block_pool.hpp"
 #include "core/block_pool_check.hpp"
 #include "tests/exercises/check_util.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 using namespace pkv_check;

@@ -36,12 +36,14 @@
 //     victim that was just given a block for this step's token copies only
 //     the two blocks its computed tokens fill, logical block i to the i-th
 //     host slot it took.
+//   - "a swap victim with nothing computed is recomputed": a victim whose
+//     first chunk was scheduled but never computed holds no K/V worth
+//     copying; it takes no host slot, is neither a swap-out nor a fallback,
+//     and waits at the front of the queue like any recompute victim.
 //   - "a victim scheduled earlier in the step gives its tokens back": with
 //     Victim::kOldest, victims already scheduled in the step leave
 //     out.scheduled, and their tokens return to the step's budget, which the
 //     prefill chunk after them gets.
-#include <doctest/doctest.h>
-
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -50,6 +52,9 @@
 #include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 using namespace pkv_check;
@@ -283,5 +288,43 @@ TEST_CASE("a victim scheduled earlier in the step gives its tokens back") {
     }
     CHECK(c->block_table.blocks.size() == 2u);
     CHECK(pool.num_free_blocks() == 1);
+    CHECK(consistent(s, pool) == "");
+}
+
+TEST_CASE("a swap victim with nothing computed is recomputed") {
+    // Block size 2, 4 blocks, swap space 4. A and B (4 tokens, 2 blocks
+    // each) are scheduled; A's forward pass runs and samples, B's does not
+    // (as if it had failed), so B holds two blocks with nothing computed in
+    // them. A's next position needs a third block: B, the newest, is the
+    // victim. Nothing to copy and nothing to recompute: the right answer is
+    // a plain recompute victim, with no slot taken and no swap-out or
+    // fallback counted.
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(Preemption::kSwap, 4), pool);
+    Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
+    Request* b = s.add_request({5, 6, 7, 8}, tokens(3), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(names(out.scheduled) == "AB");
+    REQUIRE(pool.num_free_blocks() == 0);
+    s.on_computed(*a, 4);
+    a->tokens.push_back(3);
+    REQUIRE(b->num_computed_tokens == 0);
+    REQUIRE(b->block_table.blocks.size() == 2u);
+
+    out = s.schedule();
+    CHECK(names(out.preempted) == "B");
+    CHECK(names(out.scheduled) == "A");
+    CHECK(out.swap_out.empty());
+    CHECK(names_swapped(s) == "");
+    CHECK(names(s.waiting()) == "B");
+    CHECK(b->state == RequestState::kPreempted);
+    CHECK(b->num_computed_tokens == 0);
+    CHECK(b->block_table.blocks.empty());
+    CHECK(lab(s).swap_slots(*b).empty());
+    CHECK(lab(s).stats().num_swap_outs == 0);
+    CHECK(lab(s).stats().num_swap_fallbacks == 0);
+    CHECK(lab(s).swap_space().num_free() == 4);
+    CHECK(a->block_table.blocks.size() == 3u);
+    CHECK(s.policy().check_invariants(s) == "");
     CHECK(consistent(s, pool) == "");
 }

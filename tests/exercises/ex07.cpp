@@ -12,6 +12,8 @@
 //   - the full-sequence gate: with full_sequence_must_fit a prompt waits until
 //     its whole sequence fits, without it a first chunk is enough;
 //   - the gate counts a preempted request's outputs, not just its prompt;
+//   - a resumed request looks up its whole sequence, outputs included, so
+//     the prefix-cache queries grow by all its tokens (vLLM's count);
 //   - reserve admission allocates prompt + max_tokens, capped at
 //     max_model_len, at once;
 //   - the watermark keeps its share of all blocks free while something runs
@@ -21,8 +23,6 @@
 //   - prefix-cache hits on blocks a running request holds skip their tokens
 //     (num_computed_tokens, the chunk, the stats) and cost no free capacity;
 //   - hits on blocks that sit in the free list do cost free capacity.
-#include <doctest/doctest.h>
-
 #include <cstdint>
 #include <vector>
 
@@ -30,6 +30,9 @@
 #include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 using namespace pkv_check;
@@ -155,6 +158,38 @@ TEST_CASE("a preempted request must fit with its outputs") {
     }
     CHECK(b->state == RequestState::kRunning);
     CHECK(scheduled_tokens(out, b) == 5);
+    CHECK(consistent(s, pool) == "");
+}
+
+// Prefix caching on, otherwise the situation of the check above: B is
+// preempted with 8 tokens (its 4-token prompt and 4 outputs) and comes back
+// once A is done. Both prompts were queries when they were admitted (8
+// tokens); B's return looks up its whole sequence, so 8 more -- not only its
+// 4 prompt tokens. A request that is not admitted is not a query.
+TEST_CASE("a resumed request looks up its whole sequence in the prefix cache") {
+    BlockPool pool(4, 4, true);
+    Scheduler s(config(16, 5), pool);
+    Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
+    Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(out.scheduled.size() == 2);
+    CHECK(s.stats().prefix_cache_queries == 8);
+    for (int guard = 0; b->num_preemptions == 0; ++guard) {
+        REQUIRE(guard < 20);
+        complete(s, out);
+        out = s.schedule();
+    }
+    REQUIRE(b->num_tokens() == 8);
+    CHECK(s.stats().prefix_cache_queries == 8);
+    for (int guard = 0; b->state != RequestState::kRunning; ++guard) {
+        REQUIRE(guard < 40);
+        complete(s, out);
+        out = s.schedule();
+    }
+    CHECK(a->finished());
+    CHECK(b->num_tokens() == 8);
+    CHECK(s.stats().prefix_cache_queries == 8 + 8);
+    CHECK(s.stats().prefix_cache_hits <= 4);  // at most its first block: never the last token's
     CHECK(consistent(s, pool) == "");
 }
 

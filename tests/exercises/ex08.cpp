@@ -18,8 +18,6 @@
 //   - block sizes 1, 3, 8 and 16 all give the dense answer;
 //   - scores in the hundreds do not overflow the softmax;
 //   - f16 and int8 caches are read as their stored values (through kv_load).
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +28,9 @@
 #include "core/block_pool.hpp"
 #include "paged_kv.cuh"
 #include "tests/exercises/check_util.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 using namespace pkv_check;

@@ -17,14 +17,15 @@
 //   - the overheads: per step, per token and per logits row;
 //   - swap: copies stall the step, or hide behind its compute and cost only
 //     what sticks out; a step with copies alone costs the copies alone.
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "lab/cost_model.hpp"
+
+// doctest last, after every header with an exercise region (main.cpp says why).
+#include <doctest/doctest.h>
 
 using namespace pkv;
 

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <memory>
 #include <numeric>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "core/cuda_shim.hpp"
+#include "engine.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "lab/fast_gpu.cuh"
@@ -1116,6 +1118,56 @@ TEST_CASE("kernel runner matches CpuRunner on a small random model") {
         INFO("attention kernel " << pkv::to_string(a));
         compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true, a);
     }
+}
+
+// Runs six requests on the kernel path through an engine small enough to
+// preempt (12 blocks of 4 tokens), sampled with per-request seeds that depend
+// on `salt`; returns every request's tokens and the preemption count.
+std::pair<std::vector<std::vector<int32_t>>, long> kernel_engine_run(int salt) {
+    pkv::EngineConfig ec;
+    ec.num_blocks = 12;
+    ec.block_size = 4;
+    ec.sched.max_num_seqs = 6;
+    ec.sched.max_num_batched_tokens = 32;
+    ec.log_interval_s = 0;
+    pkv::StepClock clock;
+    pkv::Engine eng(pkv_test::runner(small_engine_model(5), kernel_device()), ec, &clock);
+    for (int i = 0; i < 6; ++i) {
+        pkv::SamplingParams sp;
+        sp.max_tokens = 16;
+        sp.temperature = 0.8f;
+        sp.seed = (uint64_t)(salt * 10 + i);
+        sp.ignore_eos = true;
+        eng.add_request(random_tokens(5 + i, 64, (uint64_t)(salt * 100 + i)), sp);
+    }
+    eng.run_until_done();
+    std::vector<std::vector<int32_t>> tokens;
+    for (int i = 0; i < 6; ++i) tokens.push_back(eng.request(i)->tokens);
+    return {tokens, eng.metrics().num_preemptions_total};
+}
+
+// Proves two model runners on two host threads share no kernel state (the
+// partitioned kernel's workspace belongs to its runner; each host thread runs
+// its own fibers): two engines on the kernel path, each on its own thread and
+// each preempting, produce exactly the tokens each produces alone.
+TEST_CASE("two kernel runners on two host threads each get the tokens they get alone") {
+    if (no_device()) return;
+    const auto alone_a = kernel_engine_run(1), alone_b = kernel_engine_run(2);
+    REQUIRE(alone_a.second > 0);  // the runs preempt: recompute goes through the kernels too
+    REQUIRE(alone_b.second > 0);
+    REQUIRE(alone_a.first != alone_b.first);  // different work on each thread
+    std::pair<std::vector<std::vector<int32_t>>, long> a, b;
+    std::exception_ptr ea, eb;  // doctest's asserts stay on this thread
+    std::thread ta([&] { try { a = kernel_engine_run(1); } catch (...) { ea = std::current_exception(); } });
+    std::thread tb([&] { try { b = kernel_engine_run(2); } catch (...) { eb = std::current_exception(); } });
+    ta.join();
+    tb.join();
+    if (ea) std::rethrow_exception(ea);
+    if (eb) std::rethrow_exception(eb);
+    CHECK(a.first == alone_a.first);
+    CHECK(b.first == alone_b.first);
+    CHECK(a.second == alone_a.second);
+    CHECK(b.second == alone_b.second);
 }
 
 // Proves make_model_runner gives a CpuRunner for cpu and a GpuRunner for this build's kernel kind, refuses the other kernel kind with a message naming the right build, and the kernel path refuses head_dim not a multiple of 4.

@@ -246,7 +246,8 @@ NVCC        ?= nvcc
 CUDA_BUILD  ?= build/cuda
 NVCC_WERROR ?= -Xcompiler -Werror
 CUDA_ARCH   ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS   ?= -O2 -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-ffp-contract=off,-fopenmp $(NVCC_WERROR) -I. \
+NVCC_OPT    ?= -O2
+NVCCFLAGS   ?= $(NVCC_OPT) -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-ffp-contract=off,-fopenmp $(NVCC_WERROR) -I. \
                $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
 # The HTTP example and its test stay out of `make cuda`: a GPU machine's one
 # run (tests/gpu_check.sh) must not depend on fetching packages. `make
@@ -260,7 +261,8 @@ CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-ou
 # kernels) and the kernel suites, as a test binary of their own (kernel_tests,
 # the suites `make tsan` runs). That is 7 of `make cuda`'s translation units;
 # the others' host code is what g++ builds in `make test`. `make cuda` builds
-# everything, as tests/gpu_check.sh does on a GPU.
+# everything, as tests/gpu_check.sh does on a GPU. CI, which runs none of it on
+# a GPU, also drops the PTX and the host optimizer (.ci/run: a quarter less).
 cuda-ci: $(CUDA_BUILD)/generate $(CUDA_BUILD)/bench_attention $(CUDA_BUILD)/kernel_tests
 $(CUDA_BUILD)/kernel_tests: $(patsubst %,$(CUDA_BUILD)/obj/tests/%.o,main test_kernels test_gpu_gemm test_kv_dtype test_swap)
 	$(NVCC) $(CUDA_ARCH) $^ -o $@ -lgomp

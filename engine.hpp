@@ -71,12 +71,12 @@ struct StreamEvent {
 // ============================================================================
 
 struct EngineConfig {
-    // vLLM turns the GPU memory left after profiling into blocks; we take the
-    // count directly, so a demo can make the pool exactly as small as it needs.
+    // A block count, not vLLM's fraction of GPU memory: a demo can make the
+    // pool exactly as small as it needs (size_kv_cache, tiny_model/runner.hpp).
     int num_blocks = 64;
     int block_size = 16;
     bool enable_prefix_caching = false;
-    SchedulerConfig sched;     // sched.max_model_len 0 = derive (see derive())
+    SchedulerConfig sched;     // sched.max_model_len 0 = derive
     // llama2.c's "</s>". run.c (and examples/generate) stop on BOS instead;
     // examples/overload sets ignore_eos so every request does the same work.
     int eos_token_id = 2;
@@ -220,33 +220,15 @@ private:
         return r;
     }
 
-    // Fill in num_blocks (from a byte budget) and max_model_len, and check the
-    // configuration against the model and the runner's memory before anything
-    // is allocated. vLLM defaults max_model_len to the model's context and
-    // refuses to start when the cache cannot hold one such sequence; we cap
-    // it to the pool instead and say so in the startup line, so a demo with a
-    // tiny pool still starts. An explicit max_model_len is never changed.
+    // Size the KV cache against the model and the runner's memory before
+    // anything is allocated (size_kv_cache, tiny_model/runner.hpp): num_blocks
+    // from a byte budget, max_model_len derived when 0.
     static EngineConfig derive(const ModelRunner& runner, EngineConfig c) {
-        const Config& m = runner.model_config();
-        if (c.block_size < 1 || c.block_size > kMaxBlockSize)
-            throw std::invalid_argument("block_size must be in 1.." + std::to_string(kMaxBlockSize) + ", got " + std::to_string(c.block_size));
         if (!std::isfinite(c.log_interval_s)) throw std::invalid_argument("log_interval_s must be a finite number of seconds");
-        if (c.sched.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
-        const uint64_t block_bytes = KVGeometry{m.n_layers, 1, c.block_size, m.n_kv_heads, m.head_dim(), c.kv_dtype}.bytes_per_block();
-        if (c.kv_cache_bytes > 0) {  // f16 gets twice the blocks of f32 in the same bytes
-            const uint64_t n = c.kv_cache_bytes / block_bytes;
-            if (n == 0 || n > (uint64_t)INT32_MAX)
-                throw std::invalid_argument("a KV cache of " + format_bytes(c.kv_cache_bytes) +
-                                            (n ? " would be more than 2^31 blocks" : " holds no block of " + format_bytes(block_bytes) + ": raise the budget"));
-            c.num_blocks = (int)n;
-        }
-        if (c.num_blocks < 1) throw std::invalid_argument("num_blocks must be >= 1");
-        runner.check_memory(c.num_blocks, block_bytes, c.sched.swap_space_blocks);
-        const int64_t pool_tokens = (int64_t)c.num_blocks * c.block_size;
-        if (c.sched.max_model_len == 0) c.sched.max_model_len = (int)std::min<int64_t>(m.seq_len, pool_tokens);
-        else if (c.sched.max_model_len > m.seq_len)  // untrained positions: the forward pass rejects them
-            throw std::invalid_argument("max_model_len " + std::to_string(c.sched.max_model_len) + " is longer than the model's context " +
-                                        std::to_string(m.seq_len) + ": lower --max-model-len");
+        const KVCacheSpec kv = size_kv_cache(runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.swap_space_blocks,
+                                                      c.sched.max_model_len});
+        c.num_blocks = kv.num_blocks;
+        c.sched.max_model_len = kv.max_model_len;
         return c;
     }
 
@@ -390,24 +372,15 @@ private:
                 token = sample_token(logits_.data() + i * V, V, r.params.temperature, r.params.top_p, coin, scratch_);
             }
             r.tokens.push_back(token);
-            // Time to first token counts from arrival, queueing included; a
-            // gap across a preemption holds the whole pause, as a client feels it.
-            if (r.first_token_time < 0) {
-                r.first_token_time = t;
-                metrics_.time_to_first_token.add(t - r.arrival_time);
-            } else {
-                metrics_.inter_token_latency.add(t - r.last_token_time);
-            }
+            metrics_.on_token(t, r.arrival_time, r.last_token_time);  // TTFT, or the gap (a pause included)
+            if (r.first_token_time < 0) r.first_token_time = t;
             r.last_token_time = t;
-            metrics_.generation_tokens_total++;
             emit({EventType::kToken, r.id, t, token, out_index});  // before the stop check: the client sees the stop token
             if (abort_pending(r.id)) continue;                     // the callback aborted it on this very token
             const FinishReason why = stop_reason(r, token);
             if (why == FinishReason::kNone) continue;
             sched_.finish(r, why, t);
-            metrics_.num_requests_finished++;
-            metrics_.e2e_request_latency.add(t - r.arrival_time);
-            metrics_.request_preemptions.add(r.num_preemptions);
+            metrics_.on_finished(t - r.arrival_time, r.num_preemptions);
             emit({EventType::kFinished, r.id, t, -1, -1, why});
         }
     }

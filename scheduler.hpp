@@ -11,37 +11,26 @@
 // (recompute); prefix caching can serve the blocks not evicted yet.
 //
 // The model is vLLM V1's vllm/v1/core/sched/scheduler.py, with the block work
-// of its kv_cache_manager.py done by core/block_pool.hpp. Same loop shape,
-// same victim, same "no admission in a preempting step". Left out: priorities
-// (vLLM then preempts the lowest priority, latest arrival), speculative
-// decoding, encoders, LoRA. Other engines' answers -- vLLM V0's swap,
-// TensorRT-LLM's reservation, other victims, a watermark, shedding -- plug in
-// through section 3 (lab/policies.hpp).
+// of its kv_cache_manager.py done by core/block_pool.hpp and
+// core/prefix_cache.hpp. Same loop shape, same victim, same "no admission in
+// a preempting step". Left out: priorities, speculative decoding, encoders,
+// LoRA. Other engines' answers -- vLLM V0's swap, TensorRT-LLM's reservation,
+// other victims, a watermark, shedding -- plug in through section 3.
 //
-// Where we differ from vLLM V1 (read at commit c59cb79) and nano-vllm:
-//   - num_computed_tokens advances after the forward pass (on_computed); vLLM
-//     advances it at the end of schedule(), so the next step can be scheduled
-//     while this one runs.
-//   - A full block enters the prefix cache after its K/V are computed; vLLM
-//     registers it in allocate_slots, so two identical prompts admitted in one
-//     step share blocks there and not here. nano-vllm also hashes after compute.
-//   - One block per hash (BlockPool::cache_block keeps the first); vLLM keeps
-//     every block that carries a hash.
-//   - Budgets: max_num_batched_tokens and max_num_seqs only; vLLM also caps
-//     one request's chunk (long_prefill_token_threshold).
-//   - A request that preempts itself: vLLM `break`s out of the running loop;
-//     we `continue`, the same with newest-first victims (all after it went first).
-//   - Each request's token count is in `scheduled`; vLLM's SchedulerOutput
-//     keeps a per-request map.
-//   - finish() takes a running request only; vLLM's finish_requests takes any,
-//     which here is abort()'s job.
+// Where we differ from vLLM V1 (read at commit c59cb79):
+//   - num_computed_tokens advances after the forward pass (on_computed), not
+//     at the end of schedule(); vLLM schedules the next step meanwhile.
+//   - A full block enters the prefix cache once its K/V are computed (as in
+//     nano-vllm), not in allocate_slots; one block per hash, not every one.
+//   - Budgets: max_num_batched_tokens and max_num_seqs; no per-request chunk
+//     cap (long_prefill_token_threshold).
+//   - A request that preempts itself: we `continue`, vLLM `break`s; the same
+//     with newest-first victims (all after it went first).
+//   - finish() takes a running request only; abort() takes any.
+//   - SchedulerOutput lists (request, tokens) pairs; vLLM's keeps a map.
 //
 // Sections: 1. requests  2. configuration and output  3. the seam where other
 // policies plug in  4. the scheduler.
-//
-// Try it: `build/overload --max-num-seqs 4` runs `make run`'s workload with no
-// preemption at all (4 requests of at most 8 blocks fit the 40-block pool
-// even at their longest), at the price of a longer queue; 8 lands in between.
 #pragma once
 
 #include <algorithm>
@@ -54,7 +43,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/block_pool.hpp"
+#include "core/prefix_cache.hpp"  // (and core/block_pool.hpp)
 #include "tiny_model/sampler.hpp"  // SamplingParams
 
 namespace pkv {
@@ -191,11 +180,8 @@ struct SchedulerStats {
 //   what becomes of its KV?      freed, recomputed on resume (take_victim)
 //   what must be free to admit?  its whole current sequence (admission)
 //   whom do we refuse at once?   nobody who can ever fit (shed)
-// vLLM V0 swapped victims to host memory, TensorRT-LLM can reserve a request's
-// worst case, an operating system spreads memory pressure fairly, a server
-// sheds load at its door: lab/policies.hpp's LabPolicy overrides these to
-// answer their way. The scheduler calls them only at the places marked
-// [seam] below.
+// lab/policies.hpp answers otherwise (swap, reservation, fair victims,
+// shedding). The scheduler calls them only at the places marked [seam].
 struct Metrics;  // core/metrics.hpp: report() writes the policy's own counters
 struct SchedulerPolicy {
     virtual ~SchedulerPolicy() = default;
@@ -263,12 +249,6 @@ public:
     int num_requests() const { return (int)requests_.size(); }
     bool has_unfinished() const { return !running_.empty() || !waiting_.empty() || policy_->num_held() > 0; }
 
-    // The longest sequence a request may reach (what the bet hopes not to
-    // need): prompt + max_tokens, in 64 bits, capped at max_model_len.
-    int sequence_cap(const Request& r) const {
-        return (int)std::min<int64_t>((int64_t)r.num_prompt_tokens + r.params.max_tokens, cfg_.max_model_len);
-    }
-
     // Register a request, or reject it at once with a reason: the caller found
     // it invalid (`invalid`), it can never run, or the policy sheds it.
     // "Never" means that alone in an empty pool it would preempt everyone,
@@ -302,21 +282,23 @@ public:
     }
 
     // ---- one step's decision --------------------------------------------------
+    //
+    // (1) Running requests, oldest (admitted earliest) first, each what it
+    //     still needs: 1 token for a decode, a budget-limited chunk of an
+    //     unfinished prefill. Work in progress gets blocks before a newcomer,
+    //     as in vLLM V1. A resumed request re-enters running_ at the back, as
+    //     the newest: the first victim next time.
+    // (2) While allocate_slots cannot grow a request's table to
+    //     num_computed_tokens + n, preempt the policy's pick_victim() (it may
+    //     be the request itself: then it gets nothing this step).
+    // (3) Admit from the waiting queue, unless somebody was preempted.
     SchedulerOutput schedule() {
         SchedulerOutput out;
         int budget = cfg_.max_num_batched_tokens;
 
         // ---- exercise 5 begin: the running loop of schedule() ----
-        // (1) Running requests, oldest (admitted earliest) first, each what it
-        //     still needs: 1 token for a decode, a budget-limited chunk of an
-        //     unfinished prefill. Work in progress gets blocks before a
-        //     newcomer, as in vLLM V1. A resumed request re-enters running_ at
-        //     the back, as the newest: the first victim next time.
-        // (2) While allocate_slots cannot grow a request's table to
-        //     num_computed_tokens + n, preempt the policy's pick_victim() (it
-        //     may be the request itself: then it gets nothing this step). Mind
-        //     the cursor when a victim stood before it; record what you
-        //     schedule in out.scheduled, charging the budget.
+        // Steps (1) and (2). Mind the cursor when a victim stood before it;
+        // record what you schedule in out.scheduled, charging the budget.
         for (size_t i = 0; i < running_.size() && budget > 0;) {
             Request* req = running_[i];
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
@@ -438,9 +420,9 @@ private:
     void preempt(Request* victim, SchedulerOutput& out, int& budget) {
         // ---- exercise 6 begin: preempt(): free, forget, requeue ----
         // Leave running_; take back tokens it was given earlier in this step
-        // (only a victim another policy picked can have any); state, counters
-        // (victim->num_preemptions, stats_), out.preempted. Unless the policy
-        // takes it over (take_victim): free, forget, front of waiting_.
+        // (only a victim another policy picked can have any); count it
+        // (num_preemptions, stats_, out.preempted); unless the policy takes it
+        // over (take_victim): free, forget, front of waiting_.
         running_.erase(std::find(running_.begin(), running_.end(), victim));
         for (auto it = out.scheduled.begin(); it != out.scheduled.end(); ++it)
             if (it->req == victim) {
@@ -460,18 +442,17 @@ private:
     }
 
     // Admit `req` with at most `budget` new tokens this step: the tokens
-    // scheduled, or 0 (not admitted, nothing changed).
+    // scheduled, or 0 (not admitted, nothing changed). Its cached prefix is
+    // already computed; this step's chunk is the rest, capped by the budget.
     int try_admit(Request* req, int budget) {
         // ---- exercise 7 begin: admission and the full-sequence gate ----
-        // Find the cached prefix (find_cached_prefix); this step's chunk is
-        // what is not cached, capped by the budget. Decide how many tokens'
-        // worth of blocks must be free (the chunk, or the whole current
-        // sequence with full_sequence_must_fit) and let the policy adjust it.
-        // Free hits count against capacity. Allocate, count prefix-cache
-        // queries and hits, set num_computed_tokens.
-        // [num hit blocks] the longest cached prefix of prompt + outputs (a
-        // resumed request finds its own blocks not evicted yet), never the
-        // last token's block: that token is always computed.
+        // find_cached_prefix; how many tokens' worth of blocks must be free
+        // (the chunk, or the whole current sequence with
+        // full_sequence_must_fit), adjusted by the policy; free hits count
+        // against capacity. Allocate, count queries and hits, set
+        // num_computed_tokens.
+        // [num hit blocks] of prompt + outputs: a resumed request finds its
+        // own blocks not evicted yet.
         std::vector<int32_t> hits = find_cached_prefix(pool_, req->tokens.data(), req->num_tokens());
         const int num_cached = (int)hits.size() * pool_.block_size();
         const int n = std::min(req->num_tokens() - num_cached, budget);

@@ -4,9 +4,10 @@
 // (paged_kv.cuh says what a block holds and where its bytes are). This header
 // is the bookkeeping on top, and nothing else: plain C++, no keys or values,
 // no CUDA. Sections: 1. the block pool: a free list that is also an LRU
-// queue, and reference counts; 2. prefix caching: chained block hashes, a
-// hash -> block map, lazy eviction; 3. block tables: growing a request's
-// table, freeing it tail first.
+// queue, reference counts, and the hash -> block map prefix caching finds
+// blocks in; 2. block tables: growing a request's table, freeing it tail
+// first. How a full block gets its hash, and how a new request finds its
+// cached prefix, is core/prefix_cache.hpp.
 //
 // A sequence never owns contiguous memory; it owns a list of block ids, its
 // *block table*. Position p lives in logical block p / block_size, which the
@@ -16,11 +17,10 @@
 //   logical block        ---0--- | ---1--- | -2-
 //   block_table[]        [  7   ,     2   ,   5  ]
 //
-// The scheduler grows tables with allocate_slots(), frees them with
-// free_blocks() and asks find_cached_prefix() what a new request can skip;
-// a simulated or swapping runner never sees this file. vLLM splits the same
-// work between block_pool.py (the free queue and the hash map) and
-// kv_cache_manager.py (tables and prefix lookup).
+// The scheduler grows tables with allocate_slots() and frees them with
+// free_blocks(); a simulated or swapping runner never sees this file. vLLM
+// splits the same work between block_pool.py (the free queue and the hash
+// map) and kv_cache_manager.py (tables and prefix lookup).
 #pragma once
 
 #include <algorithm>
@@ -58,12 +58,12 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // hits it, we must pull it out of the *middle* of the list in O(1).
 //
 // The list is also the eviction order: allocation pops from the head; a
-// freed block with a prefix-cache hash (section 2) goes to the *tail*, to be
-// evicted last (LRU among cached blocks); one without (a partial block, or
-// every block when prefix caching is off) goes to the *head*: it holds
-// nothing anyone can find, so handing it out first keeps cached ones alive.
-// A request's blocks are freed last logical block first, so a prompt's tail
-// is evicted before its head, which is what other requests share. vLLM V1
+// freed block with a prefix-cache hash goes to the *tail*, to be evicted
+// last (LRU among cached blocks); one without (a partial block, or every
+// block when prefix caching is off) goes to the *head*: it holds nothing
+// anyone can find, so handing it out first keeps cached ones alive. A
+// request's blocks are freed last logical block first (section 2), so a
+// prompt's tail is evicted before its head, which is what other requests share. vLLM V1
 // does the same (BlockPool.free_blocks, read at commit c59cb79: blocks
 // without a hash prepend_n, cached ones append_n, whatever enable_caching
 // says, so with caching off every freed block goes to the head); earlier V1
@@ -71,7 +71,7 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 
 struct KVBlock {
     int32_t ref_cnt = 0;
-    // Prefix caching (section 2): set once the block is full and hashed. The hash
+    // Prefix caching (core/prefix_cache.hpp): set once the block is full and hashed. The hash
     // survives the block going back to the free list ("lazy eviction") and is
     // dropped only when the block is handed out again.
     bool has_hash = false;
@@ -148,7 +148,7 @@ public:
     }
 
     // Drop one reference on each block, in the order given. Callers pass a
-    // block table in reverse so that its tail is evicted first (section 3).
+    // block table in reverse so that its tail is evicted first (section 2).
     // A block whose count reaches zero joins the free list, hash kept: a
     // cached block at the tail, in the order given; an uncached one at the
     // head, also in the order given (so the first one given is handed out
@@ -181,7 +181,7 @@ public:
         // ---- exercise 2 end ----
     }
 
-    // ---- section 2 hooks (prefix caching) ----------------------------------
+    // ---- the prefix cache's map (core/prefix_cache.hpp) --------------------
 
     // Tests shrink this (e.g. to 0x3) to force hash collisions and exercise the
     // token-equality guard. 64 bits in normal use.
@@ -270,66 +270,16 @@ private:
 };
 
 // ============================================================================
-// 2. Prefix caching: chained hashes of full blocks
-// ============================================================================
-//
-// A full block is identified by hash(parent block's hash, its block_size tokens).
-// Chaining makes the hash name the whole prefix, not just this block: two
-// requests that share tokens 32..47 but not 0..31 must not share block 2.
-// Only full blocks are hashed -- a partial tail block is still being written.
-//
-// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
-// hash of a Python tuple. Whatever the function, collisions are possible, which
-// is why BlockPool::lookup also compares parent hash and tokens.
-
-inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
-    uint64_t h = 1469598103934665603ull ^ parent_hash;
-    for (int i = 0; i < block_size; ++i) {
-        h ^= (uint32_t)tokens[i];
-        h *= 1099511628211ull;
-        h ^= h >> 29;
-    }
-    return h & mask;
-}
-
-// The parent hash of a sequence's first block.
-constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
-
-// The longest run of cached full blocks matching the start of `tokens`.
-// The hit is capped at num_tokens - 1 tokens: the last token is always computed,
-// because its forward pass is what produces the logits we sample from. (With
-// num_tokens = 32 and block_size 16 that means one hit block, not two.)
-// Returns the hit block ids (not yet touched) in logical order.
-inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
-    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
-    // Walk the full blocks of `tokens` from the first: hash each with its
-    // parent's hash (kRootHash for block 0), look it up (pool.lookup), stop at
-    // the first miss. Never hit the block holding the last token: at most
-    // (num_tokens - 1) / block_size blocks. Nothing without prefix caching.
-    std::vector<int32_t> hits;
-    if (!pool.prefix_caching() || num_tokens <= 0) return hits;
-    const int bs = pool.block_size();
-    const int max_blocks = (num_tokens - 1) / bs;
-    uint64_t parent = kRootHash;
-    for (int i = 0; i < max_blocks; ++i) {
-        const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
-        int32_t id = pool.lookup(h, parent, blk_tokens);
-        if (id < 0) break;
-        hits.push_back(id);
-        parent = h;
-    }
-    return hits;
-    // ---- exercise 3 end ----
-}
-
-// ============================================================================
-// 3. Block tables: growth, caching of full blocks, tail-first free
+// 2. Block tables: growth and tail-first free
 // ============================================================================
 //
 // A block table belongs to one request. `num_hashed` counts its leading blocks
 // already registered in the prefix cache, and `last_hash` is the chained hash of
-// the last of them, so registering the next full block is O(block_size).
+// the last of them, so registering the next full block is O(block_size)
+// (cache_full_blocks, core/prefix_cache.hpp).
+
+// The parent hash of a sequence's first block.
+constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
 
 struct BlockTable {
     std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
@@ -377,37 +327,6 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     pool.allocate((int)need_new, table.blocks);
     return true;
     // ---- exercise 4 end ----
-}
-
-// Register every block of `table` that is full of computed tokens. `tokens` are
-// the sequence's tokens (prompt then outputs); `num_computed` how many of them
-// have K/V written. Called after each forward step when prefix caching is on.
-inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
-    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
-    // Register blocks num_hashed .. (num_computed / block_size) - 1, each
-    // hashed from table.last_hash, then advance last_hash and num_hashed. If
-    // the lookup of what you just cached does not find it (another block owns
-    // that hash with other contents), set chain_broken and stop for good.
-    if (!pool.prefix_caching() || table.chain_broken) return;
-    const int bs = pool.block_size();
-    const int num_full = num_computed / bs;
-    if (num_computed < 0 || (size_t)num_full > table.blocks.size())
-        throw std::invalid_argument("cache_full_blocks: " + std::to_string(num_computed) + " computed tokens, but the table holds " +
-                                    std::to_string(table.blocks.size()) + " blocks of " + std::to_string(bs));
-    for (int i = table.num_hashed; i < num_full; ++i) {
-        const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
-        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
-        // The hash now names this block or an identical one (two requests
-        // computed the same prefix) -- unless it collided with other contents.
-        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
-            table.chain_broken = true;
-            return;
-        }
-        table.last_hash = h;
-        table.num_hashed = i + 1;
-    }
-    // ---- exercise 3 end ----
 }
 
 // Give every block of `table` back, last logical block first (so tails are

@@ -76,7 +76,7 @@ struct Metrics {
     long num_requests_rejected = 0;
     long num_requests_failed = 0;    // finished with an error in their forward pass
     long num_steps = 0;
-    // Preemption by swap (SchedulerConfig::preemption = kSwap): the price is
+    // Preemption by swap (a swapping policy, lab/policies.hpp): the price is
     // bytes over PCIe (or memcpy on the CPU) instead of recomputed tokens.
     long num_swap_outs = 0;        // victims copied to host swap space
     long num_swap_ins = 0;         // swapped victims copied back and resumed
@@ -100,6 +100,21 @@ struct Metrics {
     LatencySamples time_to_first_token;
     LatencySamples e2e_request_latency;
     LatencySamples request_preemptions;  // per finished request
+
+    // A token reached its client at `t`. Time to first token counts from
+    // arrival, queueing included; an inter-token gap across a preemption
+    // holds the whole pause, as a client feels it. `last` < 0: the first token.
+    void on_token(double t, double arrival, double last) {
+        if (last < 0) time_to_first_token.add(t - arrival);
+        else inter_token_latency.add(t - last);
+        generation_tokens_total++;
+    }
+    // A request finished normally (a stop token or a length limit).
+    void on_finished(double e2e_seconds, int num_preemptions) {
+        num_requests_finished++;
+        e2e_request_latency.add(e2e_seconds);
+        request_preemptions.add(num_preemptions);
+    }
 };
 
 // ============================================================================

@@ -9,6 +9,7 @@
 
 #include "core/block_pool.hpp"
 #include "core/block_pool_check.hpp"
+#include "core/prefix_cache.hpp"
 #include "examples/cli.hpp"
 #include "paged_kv.cuh"
 

@@ -118,9 +118,11 @@ Result run_one(const Options& o, const sse::Target& t, int i) {
         r.shed++;
         if (attempt >= o.retries) break;
         r.retries++;
-        // Wait as the server asks (whole seconds), at most 10 s.
-        double wait = r.last.retry_after.empty() ? 1.0 : std::atof(r.last.retry_after.c_str());
-        wait = std::min(10.0, std::max(0.0, wait));
+        // Wait as the server asks, at most 10 s. Retry-After may also be an
+        // HTTP date, or garbage: anything but a number of seconds waits 1 s.
+        double wait = 1.0;
+        if (!cli::to_real(r.last.retry_after.c_str(), 0.0, 1e9, wait)) wait = 1.0;
+        wait = std::min(10.0, wait);
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     }
     return r;

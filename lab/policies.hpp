@@ -106,6 +106,13 @@ struct PolicyConfig {
     }
 };
 
+// The longest sequence a request may reach (what the bet hopes not to need,
+// and what reserve admission holds): prompt + max_tokens, in 64 bits, capped
+// at max_model_len.
+inline int sequence_cap(const Scheduler& s, const Request& r) {
+    return (int)std::min<int64_t>((int64_t)r.num_prompt_tokens + r.params.max_tokens, s.config().max_model_len);
+}
+
 // ============================================================================
 // 2. The host swap space: which host slots are free
 // ============================================================================
@@ -263,9 +270,9 @@ public:
     Admit admission(const Scheduler& s, const Request& req, Admit a) override {
         // ---- exercise 7 begin: admission and the full-sequence gate ----
         // Reserve: must_hold and alloc_tokens are the request's longest
-        // sequence (Scheduler::sequence_cap). The watermark keeps its share of
+        // sequence (sequence_cap). The watermark keeps its share of
         // the pool free, but only while something runs.
-        if (cfg_.admission == Admission::kReserve) a.must_hold = a.alloc_tokens = s.sequence_cap(req);
+        if (cfg_.admission == Admission::kReserve) a.must_hold = a.alloc_tokens = sequence_cap(s, req);
         if (!s.running().empty()) a.keep_free = (int64_t)(cfg_.watermark * s.pool().num_blocks());
         return a;
         // ---- exercise 7 end ----

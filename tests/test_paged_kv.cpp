@@ -3,6 +3,7 @@
 // lazy eviction), block tables (growth, tail-first free) and the CPU reference
 // paged attention, which is checked against a plain dense attention written
 // here from scratch.
+#include "core/prefix_cache.hpp"
 #include "paged_kv.cuh"
 
 #include <doctest/doctest.h>

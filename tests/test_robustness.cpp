@@ -193,7 +193,7 @@ TEST_CASE("NaN configuration and misuse are checked errors") {
     // A 2^31-token max_tokens must not overflow the reserve arithmetic.
     SamplingParams huge = params(std::numeric_limits<int>::max());
     Request* h = s.add_request({1, 5, 6}, huge, 0.0);
-    CHECK(s.sequence_cap(*h) == 16);
+    CHECK(sequence_cap(s, *h) == 16);
 
     LatencySamples l;
     l.add(1.0);

@@ -26,6 +26,7 @@
 // swap slot layout  4. CpuRunner.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -183,6 +184,44 @@ struct ModelRunner {
 private:
     std::vector<float> argmax_scratch_;  // [num_logits, vocab] logits for the default forward_argmax
 };
+
+// Sizing the KV cache, before anything is allocated. vLLM turns the GPU
+// memory left after profiling into blocks; we take a block count, or a byte
+// budget (kv_cache_bytes > 0: f16 then gets twice the blocks of f32), and
+// check it against what the runner can give. vLLM defaults max_model_len to
+// the model's context and refuses to start when the cache cannot hold one
+// such sequence; we cap it to the pool instead (the startup line says so),
+// so a demo with a tiny pool still starts. An explicit max_model_len is
+// never changed, only checked against the model's context.
+struct KVCacheSpec {
+    int num_blocks, block_size;
+    KVDtype dtype;
+    uint64_t kv_cache_bytes;  // > 0: derive num_blocks from it
+    int swap_space_blocks;
+    int max_model_len;        // 0: derive
+};
+inline KVCacheSpec size_kv_cache(const ModelRunner& runner, KVCacheSpec c) {
+    const Config& m = runner.model_config();
+    if (c.block_size < 1 || c.block_size > kMaxBlockSize)
+        throw std::invalid_argument("block_size must be in 1.." + std::to_string(kMaxBlockSize) + ", got " + std::to_string(c.block_size));
+    if (c.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
+    const uint64_t block_bytes = KVGeometry{m.n_layers, 1, c.block_size, m.n_kv_heads, m.head_dim(), c.dtype}.bytes_per_block();
+    if (c.kv_cache_bytes > 0) {
+        const uint64_t n = c.kv_cache_bytes / block_bytes;
+        if (n == 0 || n > (uint64_t)INT32_MAX)
+            throw std::invalid_argument("a KV cache of " + format_bytes(c.kv_cache_bytes) +
+                                        (n ? " would be more than 2^31 blocks" : " holds no block of " + format_bytes(block_bytes) + ": raise the budget"));
+        c.num_blocks = (int)n;
+    }
+    if (c.num_blocks < 1) throw std::invalid_argument("num_blocks must be >= 1");
+    runner.check_memory(c.num_blocks, block_bytes, c.swap_space_blocks);
+    const int64_t pool_tokens = (int64_t)c.num_blocks * c.block_size;
+    if (c.max_model_len == 0) c.max_model_len = (int)std::min<int64_t>(m.seq_len, pool_tokens);
+    else if (c.max_model_len > m.seq_len)  // untrained positions: the forward pass rejects them
+        throw std::invalid_argument("max_model_len " + std::to_string(c.max_model_len) + " is longer than the model's context " +
+                                    std::to_string(m.seq_len) + ": lower --max-model-len");
+    return c;
+}
 
 // ============================================================================
 // 3. The host swap space: one slot per swapped-out block

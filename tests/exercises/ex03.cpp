@@ -1,5 +1,5 @@
 // tests/exercises/ex03.cpp -- grades exercise 3, "chained hashes and the
-// prefix lookup" (block_pool.hpp: find_cached_prefix and cache_full_blocks).
+// prefix lookup" (core/prefix_cache.hpp: find_cached_prefix and cache_full_blocks).
 //
 // The lookup checks fill the prefix cache by hand (BlockPool::cache_block with
 // hashes computed here by hash_block_tokens), so they do not depend on
@@ -37,6 +37,7 @@
 
 #include "core/block_pool.hpp"
 #include "core/block_pool_check.hpp"
+#include "core/prefix_cache.hpp"
 #include "tests/exercises/check_util.hpp"
 
 // doctest last, after every header with an exercise region (main.cpp says why).

@@ -35,6 +35,7 @@
 
 #include "core/block_pool.hpp"
 #include "core/block_pool_check.hpp"
+#include "core/prefix_cache.hpp"
 #include "tests/exercises/check_util.hpp"
 
 // doctest last, after every header with an exercise region (main.cpp says why).

@@ -1,0 +1,119 @@
+// core/prefix_cache.hpp -- chapter 1 (and 5): what a new or a resumed
+// request can skip computing, because its prefix's K/V are still in the cache.
+//
+// A freed block keeps its K/V until someone overwrites it. If we remember
+// which tokens a full block holds, a later request starting with the same
+// tokens -- a shared system prompt, or a preempted request coming back -- can
+// take that block instead of computing it again. core/block_pool.hpp keeps the
+// hash -> block map and evicts lazily (a freed cached block stays findable
+// until it is handed out again, least recently freed first); this header
+// names blocks by hash and walks a sequence's blocks. Sections: 1. chained
+// hashes; 2. the lookup at admission; 3. registration after compute.
+//
+// For the key question you may read find_cached_prefix's contract and skip
+// the rest: a request is admitted with its longest cached prefix already
+// computed (scheduler.hpp, try_admit), and its blocks enter the cache once
+// their K/V are written (Scheduler::on_computed). vLLM V1 does the same in
+// kv_cache_manager.py (get_computed_blocks) and block_pool.py (cache_full_blocks).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/block_pool.hpp"
+
+namespace pkv {
+
+// ============================================================================
+// 1. Chained hashes of full blocks
+// ============================================================================
+//
+// A full block is identified by hash(parent block's hash, its block_size tokens).
+// Chaining makes the hash name the whole prefix, not just this block: two
+// requests that share tokens 32..47 but not 0..31 must not share block 2.
+// Only full blocks are hashed -- a partial tail block is still being written.
+//
+// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
+// hash of a Python tuple. Whatever the function, collisions are possible, which
+// is why BlockPool::lookup also compares parent hash and tokens.
+
+inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
+    uint64_t h = 1469598103934665603ull ^ parent_hash;
+    for (int i = 0; i < block_size; ++i) {
+        h ^= (uint32_t)tokens[i];
+        h *= 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h & mask;
+}
+
+// ============================================================================
+// 2. The lookup at admission
+// ============================================================================
+
+// The longest run of cached full blocks matching the start of `tokens`.
+// The hit is capped at num_tokens - 1 tokens: the last token is always computed,
+// because its forward pass is what produces the logits we sample from. (With
+// num_tokens = 32 and block_size 16 that means one hit block, not two.)
+// Returns the hit block ids (not yet touched) in logical order.
+inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
+    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // Walk the full blocks of `tokens` from the first: hash each with its
+    // parent's hash (kRootHash for block 0), look it up (pool.lookup), stop at
+    // the first miss. Never hit the block holding the last token: at most
+    // (num_tokens - 1) / block_size blocks. Nothing without prefix caching.
+    std::vector<int32_t> hits;
+    if (!pool.prefix_caching() || num_tokens <= 0) return hits;
+    const int bs = pool.block_size();
+    const int max_blocks = (num_tokens - 1) / bs;
+    uint64_t parent = kRootHash;
+    for (int i = 0; i < max_blocks; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
+        int32_t id = pool.lookup(h, parent, blk_tokens);
+        if (id < 0) break;
+        hits.push_back(id);
+        parent = h;
+    }
+    return hits;
+    // ---- exercise 3 end ----
+}
+
+// ============================================================================
+// 3. Registration, once a block's K/V are computed
+// ============================================================================
+
+// Register every block of `table` that is full of computed tokens. `tokens` are
+// the sequence's tokens (prompt then outputs); `num_computed` how many of them
+// have K/V written. Called after each forward step when prefix caching is on.
+inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
+    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // Register blocks num_hashed .. (num_computed / block_size) - 1, each
+    // hashed from table.last_hash, then advance last_hash and num_hashed. If
+    // the lookup of what you just cached does not find it (another block owns
+    // that hash with other contents), set chain_broken and stop for good.
+    if (!pool.prefix_caching() || table.chain_broken) return;
+    const int bs = pool.block_size();
+    const int num_full = num_computed / bs;
+    if (num_computed < 0 || (size_t)num_full > table.blocks.size())
+        throw std::invalid_argument("cache_full_blocks: " + std::to_string(num_computed) + " computed tokens, but the table holds " +
+                                    std::to_string(table.blocks.size()) + " blocks of " + std::to_string(bs));
+    for (int i = table.num_hashed; i < num_full; ++i) {
+        const int32_t* blk_tokens = tokens + (size_t)i * bs;
+        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
+        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
+        // The hash now names this block or an identical one (two requests
+        // computed the same prefix) -- unless it collided with other contents.
+        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
+            table.chain_broken = true;
+            return;
+        }
+        table.last_hash = h;
+        table.num_hashed = i + 1;
+    }
+    // ---- exercise 3 end ----
+}
+
+}  // namespace pkv

@@ -63,17 +63,17 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // block when prefix caching is off) goes to the *head*: it holds nothing
 // anyone can find, so handing it out first keeps cached ones alive. A
 // request's blocks are freed last logical block first (section 2), so a
-// prompt's tail is evicted before its head, which is what other requests share. vLLM V1
-// does the same (BlockPool.free_blocks, read at commit c59cb79: blocks
-// without a hash prepend_n, cached ones append_n, whatever enable_caching
-// says, so with caching off every freed block goes to the head); earlier V1
-// versions appended every freed block to the tail.
+// prompt's tail is evicted before its head, which is what other requests
+// share. vLLM V1 does the same (BlockPool.free_blocks, read at commit
+// c59cb79: blocks without a hash prepend_n, cached ones append_n, whatever
+// enable_caching says, so with caching off every freed block goes to the
+// head); earlier V1 versions appended every freed block to the tail.
 
 struct KVBlock {
     int32_t ref_cnt = 0;
-    // Prefix caching (core/prefix_cache.hpp): set once the block is full and hashed. The hash
-    // survives the block going back to the free list ("lazy eviction") and is
-    // dropped only when the block is handed out again.
+    // Prefix caching (core/prefix_cache.hpp): set once the block is full and
+    // hashed. The hash survives the block going back to the free list ("lazy
+    // eviction") and is dropped only when the block is handed out again.
     bool has_hash = false;
     uint64_t block_hash = 0;
     uint64_t parent_hash = 0;     // hash of the previous block of the same chain

@@ -113,6 +113,8 @@ public:
     StreamCallback on_event;  // every token and state change, as it happens
     LogCallback on_log;       // the periodic vLLM-style log line
 
+    // What examples and tests read. Nothing here changes state: a request
+    // enters through add_request, leaves through abort or a finish in step().
     const EngineConfig& config() const { return cfg_; }
     const Metrics& metrics() const { return metrics_; }
     const Config& model() const { return runner_->model_config(); }
@@ -191,6 +193,9 @@ public:
         if (const double d = runner_->take_modelled_seconds(); d >= 0) clock_->advance(d);
         account_and_commit(sb);
         sample_and_stream(sb);
+        // (e) Aborts asked for during the step free their blocks only now,
+        // when no batch refers to them; then end_step's log callback may
+        // abort directly again.
         for (int id : pending_aborts_) sched_.abort(id, clock_->now());
         pending_aborts_.clear();
         scope.close();
@@ -198,6 +203,8 @@ public:
         return so.total_num_scheduled_tokens;
     }
 
+    // The offline loop (examples/overload); a server instead steps while
+    // requests keep arriving (examples/serve.cpp).
     void run_until_done() {
         while (has_unfinished()) step();
     }
@@ -243,6 +250,9 @@ private:
         ~StepScope() { e.in_step_ = false; }
     };
 
+    // One step's working set: the scheduler's decision, the flat batch built
+    // from it, and which requests get a logits row (only those whose chunk
+    // reaches the end of their sequence sample a token).
     struct StepBatch {
         const SchedulerOutput& so;
         ForwardBatch batch;

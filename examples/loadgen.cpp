@@ -120,8 +120,8 @@ Result run_one(const Options& o, const sse::Target& t, int i) {
         r.retries++;
         // Wait as the server asks, at most 10 s. Retry-After may also be an
         // HTTP date, or garbage: anything but a number of seconds waits 1 s.
-        double wait = 1.0;
-        if (!cli::to_real(r.last.retry_after.c_str(), 0.0, 1e9, wait)) wait = 1.0;
+        double wait = 1.0;  // to_real leaves it alone unless it reads a number in range
+        cli::to_real(r.last.retry_after.c_str(), 0.0, 1e9, wait);
         wait = std::min(10.0, wait);
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     }

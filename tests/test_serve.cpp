@@ -178,8 +178,12 @@ public:
             const ssize_t n = ::read(out_fd_, buf, sizeof buf);
             if (n <= 0) break;
             got.append(buf, (size_t)n);
-            const size_t at = got.find("listening on http://127.0.0.1:");
-            if (at != std::string::npos && got.find('\n', at) != std::string::npos) port_ = std::atoi(got.c_str() + at + 30);
+            const std::string said = "listening on http://127.0.0.1:";
+            const size_t at = got.find(said), nl = at == std::string::npos ? at : got.find('\n', at);
+            if (nl == std::string::npos) continue;
+            long long port = 0;  // the whole rest of the line, a port number or nothing
+            if (cli::to_integer(got.substr(at + said.size(), nl - at - said.size()).c_str(), 1, 65535, port)) port_ = (int)port;
+            break;
         }
         stdout_ = got;
         if (port_ == 0) {  // no destructor runs after a failed constructor: stop it here
@@ -322,7 +326,9 @@ Reply parse_reply(const std::string& got) {
     Reply r;
     const size_t end = got.find("\r\n\r\n");
     if (got.compare(0, 9, "HTTP/1.1 ") != 0 || end == std::string::npos) return r;
-    r.status = std::atoi(got.c_str() + 9);
+    long long status = 0;  // "HTTP/1.1 200 OK": three digits, then a space
+    if (!cli::to_integer(got.substr(9, 3).c_str(), 100, 599, status) || got.compare(12, 1, " ") != 0) return r;
+    r.status = (int)status;
     r.head = got.substr(0, end);
     r.body = got.substr(end + 4);
     if (r.header("Transfer-Encoding") == "chunked") {  // de-chunk

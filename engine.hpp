@@ -132,18 +132,12 @@ public:
     // Returns the request id. A rejected request still gets one, finished
     // (rejected) with a reason and a kRejected event. Rejection happens here,
     // never later: once accepted, a request finishes (or is aborted by its
-    // client, or fails alone). We check what only the engine knows -- every
-    // prompt token is an id of this vocabulary, or the forward pass would
-    // fail for the whole batch -- and the sampling parameters; the scheduler
-    // adds the rest.
+    // client, or fails alone). We check what only the engine knows (the
+    // prompt's token ids against the vocabulary) and the sampling parameters
+    // (check_request, tiny_model/sampler.hpp); the scheduler adds the rest.
     int add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
         const double t = clock_->now();
-        std::string invalid = check_sampling_params(params);
-        const int V = model().vocab_size;
-        for (size_t i = 0; i < prompt.size() && invalid.empty(); ++i)
-            if (prompt[i] < 0 || prompt[i] >= V)
-                invalid = "prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) + ", not a token id in 0.." +
-                          std::to_string(V - 1);
+        const std::string invalid = check_request(prompt, params, model().vocab_size);
         Request* r = sched_.add_request(std::move(prompt), params, t, invalid);
         if (r->finish_reason == FinishReason::kRejected) {
             metrics_.num_requests_rejected++;
@@ -304,38 +298,17 @@ private:
     }
 
     // (c) The forward pass fills logits_ (or greedy_) with one row per entry
-    // of `sampled`. If it throws, one request's input may be at fault: we run
-    // each alone to find which, finish those with an error and keep the rows
-    // of the others. Batch invariance makes a request's rows alone the very
-    // rows it would have had in the batch.
+    // of `sampled`. A request whose input made the pass fail is found by
+    // running each alone (forward_isolating, tiny_model/runner.hpp): it
+    // finishes with the error, the others keep their rows.
     void run_forward(StepBatch& sb) {
         if (sb.batch.num_tokens() == 0) return;
-        try {
-            forward(sb.batch, sb.all_greedy, logits_, greedy_);
-        } catch (const std::exception&) {
-            const int V = model().vocab_size;
-            logits_.assign(sb.sampled.size() * (size_t)V, 0.0f);
-            greedy_.assign(sb.sampled.size(), 0);
-            std::vector<float> one_logits;
-            std::vector<int32_t> one_argmax;
-            for (size_t i = 0, row = 0; i < sb.so.scheduled.size(); ++i) {  // row: its row among sampled
-                ForwardBatch alone;
-                const bool reaches_end = add_to_batch(alone, sb.so.scheduled[i]);
-                try {
-                    forward(alone, sb.all_greedy, one_logits, one_argmax);
-                    if (reaches_end && sb.all_greedy) greedy_[row] = one_argmax[0];
-                    if (reaches_end && !sb.all_greedy) std::copy_n(one_logits.begin(), V, logits_.begin() + (ptrdiff_t)(row * V));
-                } catch (const std::exception& e) {
-                    sb.failed[i] = 1;
-                    sb.so.scheduled[i].req->reject_reason = std::string("forward pass failed: ") + e.what();
-                }
-                row += reaches_end;
+        const std::vector<std::string> why = forward_isolating(*runner_, sb.batch, sb.all_greedy, logits_, greedy_);
+        for (size_t i = 0; i < why.size(); ++i)  // sequence i of the batch is so.scheduled[i]
+            if (!why[i].empty()) {
+                sb.failed[i] = 1;
+                sb.so.scheduled[i].req->reject_reason = "forward pass failed: " + why[i];
             }
-        }
-    }
-    void forward(const ForwardBatch& b, bool greedy, std::vector<float>& logits, std::vector<int32_t>& argmax) {
-        if (greedy) runner_->forward_argmax(b, argmax);
-        else runner_->forward(b, logits);
     }
 
     // Accounting, and telling the scheduler what was computed. A chunk covers

@@ -10,7 +10,8 @@
 //     once, keeps every invariant, and leaves the other requests' tokens
 //     exactly as in a run without it;
 //   - a request whose forward pass fails is finished with an error, alone:
-//     the others complete with the tokens they would have had anyway.
+//     the others complete with the tokens they would have had anyway
+//     (forward_isolating and ForwardBatch::sequence, which find it).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -294,43 +295,101 @@ private:
     int32_t poison_;
 };
 
-// Proves a request whose forward pass fails is finished with kError and its reason, alone: the other requests (decoding in the same batches) complete with exactly the tokens of a run without it, and every block comes back.
+// Proves a request whose forward pass fails is finished with kError and its reason, alone: the other requests (decoding in the same batches) complete with exactly the tokens of a run without it, and every block comes back; greedy (argmax rows) and sampled (logits rows) alike.
 TEST_CASE("a failing forward pass fails its own request, not the batch") {
     const int32_t poison = 39;
     auto ps = prompts(4, 21);
     for (auto& p : ps)
         if (p[2] == poison) p[2] = 38;  // the clean prompts never hold it at position 2
-    StepClock c0;
-    Engine clean(std::make_unique<PoisonRunner>(model(), poison), small_config(), &c0);
-    for (const auto& p : ps) clean.add_request(p, params(10));
-    run_checked(clean);
-    REQUIRE(clean.metrics().num_requests_finished == 4);
+    for (const float temperature : {0.0f, 0.8f}) {
+        CAPTURE(temperature);
+        StepClock c0;
+        Engine clean(std::make_unique<PoisonRunner>(model(), poison), small_config(), &c0);
+        for (size_t i = 0; i < ps.size(); ++i) clean.add_request(ps[i], params(10, temperature, 100 + i));
+        run_checked(clean);
+        REQUIRE(clean.metrics().num_requests_finished == 4);
 
-    StepClock clock;
-    Engine eng(std::make_unique<PoisonRunner>(model(), poison), small_config(), &clock);
-    std::vector<StreamEvent> events;
-    eng.on_event = [&](const StreamEvent& e) { events.push_back(e); };
-    eng.add_request(ps[0], params(10));
-    eng.add_request(ps[1], params(10));
-    const int bad = eng.add_request({1, 7, poison, 8}, params(10));  // a valid id the model chokes on
-    eng.add_request(ps[2], params(10));
-    eng.add_request(ps[3], params(10));
-    run_checked(eng);
-    const Request* b = eng.request(bad);
-    CHECK(b->finish_reason == FinishReason::kError);
-    CHECK(b->reject_reason.find("poisoned token 39") != std::string::npos);
-    CHECK(b->num_output_tokens() == 0);
-    CHECK(eng.metrics().num_requests_failed == 1);
-    CHECK(eng.metrics().num_requests_finished == 4);
-    const auto got = outputs(eng, 5), want = outputs(clean, 4);
-    CHECK(got[0] == want[0]);
-    CHECK(got[1] == want[1]);
-    CHECK(got[3] == want[2]);
-    CHECK(got[4] == want[3]);
-    int error_events = 0;
-    for (const StreamEvent& e : events) error_events += e.type == EventType::kFinished && e.reason == FinishReason::kError;
-    CHECK(error_events == 1);
-    CHECK(eng.pool().num_free_blocks() == eng.pool().num_blocks());
+        StepClock clock;
+        Engine eng(std::make_unique<PoisonRunner>(model(), poison), small_config(), &clock);
+        std::vector<StreamEvent> events;
+        eng.on_event = [&](const StreamEvent& e) { events.push_back(e); };
+        eng.add_request(ps[0], params(10, temperature, 100));
+        eng.add_request(ps[1], params(10, temperature, 101));
+        const int bad = eng.add_request({1, 7, poison, 8}, params(10, temperature, 7));  // a valid id the model chokes on
+        eng.add_request(ps[2], params(10, temperature, 102));
+        eng.add_request(ps[3], params(10, temperature, 103));
+        run_checked(eng);
+        const Request* b = eng.request(bad);
+        CHECK(b->finish_reason == FinishReason::kError);
+        CHECK(b->reject_reason.find("poisoned token 39") != std::string::npos);
+        CHECK(b->num_output_tokens() == 0);
+        CHECK(eng.metrics().num_requests_failed == 1);
+        CHECK(eng.metrics().num_requests_finished == 4);
+        const auto got = outputs(eng, 5), want = outputs(clean, 4);
+        CHECK(got[0] == want[0]);
+        CHECK(got[1] == want[1]);
+        CHECK(got[3] == want[2]);
+        CHECK(got[4] == want[3]);
+        int error_events = 0;
+        for (const StreamEvent& e : events) error_events += e.type == EventType::kFinished && e.reason == FinishReason::kError;
+        CHECK(error_events == 1);
+        CHECK(eng.pool().num_free_blocks() == eng.pool().num_blocks());
+    }
+}
+
+// Proves ForwardBatch::sequence copies one sequence exactly (tokens, positions, slots, its table row, its logits row with seed and output index), and forward_isolating returns, after a failed batch, the very rows the good sequences have in a batch that does not fail.
+TEST_CASE("forward_isolating: one sequence alone has its rows of the batch") {
+    const int bs = 4;
+    ForwardBatch b;
+    const std::vector<int32_t> t0{0, 1}, t1{2}, t2{3, 4, 5};
+    const std::vector<int32_t> k0{1, 7, 9, 3, 5, 6}, k1{2, 8, 4}, k2{1, 4, 39, 2, 6, 8, 9, 3, 1};
+    b.add_sequence(t0, bs, k0.data(), 0, 6, true);
+    b.add_sequence(t1, bs, k1.data(), 0, 3, false);  // a prefill chunk: no logits row
+    b.add_sequence(t2, bs, k2.data(), 0, 9, true);
+    b.logits_seed = {11, 33};
+    b.logits_output_index = {0, 5};
+    const ForwardBatch one = b.sequence(2);
+    CHECK(one.num_seqs() == 1);
+    CHECK(one.token_ids == k2);
+    CHECK(one.positions == std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+    CHECK(one.slot_mapping == std::vector<int64_t>(b.slot_mapping.begin() + 9, b.slot_mapping.end()));
+    CHECK(one.token_seq == std::vector<int32_t>(9, 0));
+    CHECK(one.max_blocks_per_seq == 3);
+    CHECK(one.block_tables == t2);
+    CHECK(one.logits_indices == std::vector<int32_t>{8});
+    CHECK(one.logits_seed == std::vector<uint64_t>{33});
+    CHECK(one.logits_output_index == std::vector<int32_t>{5});
+    CHECK(b.sequence(1).logits_indices.empty());
+    CHECK(b.sequence(1).block_tables == std::vector<int32_t>{2, -1, -1});
+    CHECK_THROWS_AS(b.sequence(3), std::out_of_range);
+
+    // Sequence 2 holds the poison at position 2: the batch fails, the others keep their rows.
+    for (const bool tokens_only : {false, true}) {
+        CAPTURE(tokens_only);
+        auto fine = std::make_unique<CpuRunner>(model());
+        PoisonRunner poisoned(model(), 39);
+        const KVGeometry geo{model().cfg.n_layers, 12, bs, model().cfg.n_kv_heads, model().cfg.head_dim(), KVDtype::kF32};
+        fine->init_kv_cache(geo, 0);
+        poisoned.init_kv_cache(geo, 0);
+        std::vector<float> want_logits, got_logits;
+        std::vector<int32_t> want_tokens, got_tokens;
+        CHECK(forward_isolating(*fine, b, tokens_only, want_logits, want_tokens) == std::vector<std::string>(3));
+        const auto why = forward_isolating(poisoned, b, tokens_only, got_logits, got_tokens);
+        CHECK(why[0].empty());
+        CHECK(why[1].empty());
+        CHECK(why[2].find("poisoned token 39") != std::string::npos);
+        const size_t V = (size_t)model().cfg.vocab_size;
+        if (tokens_only) {
+            REQUIRE(got_tokens.size() == 2u);
+            CHECK(got_tokens[0] == want_tokens[0]);
+            CHECK(got_tokens[1] == 0);
+        } else {
+            REQUIRE(got_logits.size() == 2 * V);
+            CHECK(std::vector<float>(got_logits.begin(), got_logits.begin() + (ptrdiff_t)V) ==
+                  std::vector<float>(want_logits.begin(), want_logits.begin() + (ptrdiff_t)V));
+            CHECK(std::vector<float>(got_logits.begin() + (ptrdiff_t)V, got_logits.end()) == std::vector<float>(V, 0.0f));
+        }
+    }
 }
 
 // Proves ThreadPolicy measures both modes first, then keeps the faster one, probes the other at growing intervals (32, 64, ...) while probes confirm the choice, and switches within one probe when the machine changes; size classes are independent.

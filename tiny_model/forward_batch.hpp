@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/block_pool.hpp"
@@ -84,6 +85,35 @@ struct ForwardBatch {
             token_seq.push_back(seq);
         }
         if (want_logits) logits_indices.push_back(num_tokens() - 1);
+    }
+
+    // Sequence `s` alone, as a batch of its own: its tokens, slots, table
+    // row and logits row, copied. The runner's failure isolation
+    // (forward_isolating, runner.hpp) runs each sequence this way.
+    ForwardBatch sequence(int s) const {
+        if (s < 0 || s >= num_seqs_) throw std::out_of_range("ForwardBatch::sequence: no sequence " + std::to_string(s));
+        ForwardBatch one;
+        one.with_tables = with_tables;
+        one.num_seqs_ = 1;
+        if (with_tables) {
+            one.max_blocks_per_seq = max_blocks_per_seq;
+            one.block_tables.assign(block_tables.begin() + (ptrdiff_t)s * max_blocks_per_seq,
+                                    block_tables.begin() + (ptrdiff_t)(s + 1) * max_blocks_per_seq);
+        }
+        for (int t = 0; t < num_tokens(); ++t) {
+            if (token_seq[t] != s) continue;
+            one.token_ids.push_back(token_ids[t]);
+            one.positions.push_back(positions[t]);
+            one.slot_mapping.push_back(slot_mapping[t]);
+            one.token_seq.push_back(0);
+        }
+        for (size_t i = 0; i < logits_indices.size(); ++i) {
+            if (token_seq[logits_indices[i]] != s) continue;
+            one.logits_indices.push_back(one.num_tokens() - 1);  // a sequence's logits row is its last token's
+            if (i < logits_seed.size()) one.logits_seed.push_back(logits_seed[i]);
+            if (i < logits_output_index.size()) one.logits_output_index.push_back(logits_output_index[i]);
+        }
+        return one;
     }
 
 private:

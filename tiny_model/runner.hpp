@@ -185,6 +185,45 @@ private:
     std::vector<float> argmax_scratch_;  // [num_logits, vocab] logits for the default forward_argmax
 };
 
+// One step's forward pass as the engine runs it: logits rows [num_logits,
+// vocab], or with `tokens_only` just each row's token (forward_argmax). If
+// the pass throws, one sequence's input may be at fault, and one bad request
+// must not fail the others: we run each sequence alone
+// (ForwardBatch::sequence) and return, per sequence of `b`, "" or why its
+// pass failed; a failed sequence's row stays zero. Batch invariance makes a
+// sequence's rows alone the very rows it would have had in the batch.
+inline std::vector<std::string> forward_isolating(ModelRunner& runner, const ForwardBatch& b, bool tokens_only,
+                                                  std::vector<float>& logits, std::vector<int32_t>& tokens) {
+    auto run = [&](const ForwardBatch& x, std::vector<float>& l, std::vector<int32_t>& t) {
+        if (tokens_only) runner.forward_argmax(x, t);
+        else runner.forward(x, l);
+    };
+    std::vector<std::string> failed((size_t)b.num_seqs());
+    try {
+        run(b, logits, tokens);
+        return failed;
+    } catch (const std::exception&) {
+    }
+    const size_t V = (size_t)runner.model_config().vocab_size;
+    logits.assign(b.logits_indices.size() * V, 0.0f);
+    tokens.assign(b.logits_indices.size(), 0);
+    std::vector<float> one_logits;
+    std::vector<int32_t> one_tokens;
+    for (int s = 0, row = 0; s < b.num_seqs(); ++s) {  // row: its logits row, when it has one
+        const ForwardBatch one = b.sequence(s);
+        try {
+            run(one, one_logits, one_tokens);
+            if (!one.logits_indices.empty() && tokens_only) tokens[(size_t)row] = one_tokens.at(0);
+            if (!one.logits_indices.empty() && !tokens_only) std::copy_n(one_logits.begin(), V, logits.begin() + (ptrdiff_t)(row * V));
+        } catch (const std::exception& e) {
+            failed[(size_t)s] = e.what();
+            if (failed[(size_t)s].empty()) failed[(size_t)s] = "unknown error";
+        }
+        row += (int)one.logits_indices.size();
+    }
+    return failed;
+}
+
 // Sizing the KV cache, before anything is allocated. vLLM turns the GPU
 // memory left after profiling into blocks; we take a block count, or a byte
 // budget (kv_cache_bytes > 0: f16 then gets twice the blocks of f32), and

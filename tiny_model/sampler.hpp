@@ -31,7 +31,7 @@ namespace pkv {
 
 // Per-request generation settings, a small subset of vLLM's SamplingParams
 // (same default max_tokens of 16). The engine checks them at the door
-// (Engine::add_request, with check_sampling_params below): a NaN temperature
+// (Engine::add_request, with check_request below): a NaN temperature
 // is a rejection, not a mystery.
 struct SamplingParams {
     int max_tokens = 16;
@@ -55,6 +55,18 @@ inline std::string check_sampling_params(const SamplingParams& p) {
         return "temperature must be a finite number >= 0 (0 = greedy), got " + std::to_string(p.temperature);
     if (!std::isfinite(p.top_p)) return "top_p must be a finite number (outside (0, 1) = off)";
     if (p.stop_after_tokens < 0) return "stop_after_tokens must be >= 0 (0 = off)";
+    return "";
+}
+
+// "" when a request can be run, else the first thing wrong with it: its
+// sampling parameters, or a prompt token that is no id of this vocabulary
+// (the forward pass would fail on it, for the whole batch).
+inline std::string check_request(const std::vector<int32_t>& prompt, const SamplingParams& p, int vocab_size) {
+    if (std::string e = check_sampling_params(p); !e.empty()) return e;
+    for (size_t i = 0; i < prompt.size(); ++i)
+        if (prompt[i] < 0 || prompt[i] >= vocab_size)
+            return "prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) + ", not a token id in 0.." +
+                   std::to_string(vocab_size - 1);
     return "";
 }
 

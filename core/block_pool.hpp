@@ -4,10 +4,10 @@
 // (paged_kv.cuh says what a block holds and where its bytes are). This header
 // is the bookkeeping on top, and nothing else: plain C++, no keys or values,
 // no CUDA. Sections: 1. the block pool: a free list that is also an LRU
-// queue, reference counts, and the hash -> block map prefix caching finds
-// blocks in; 2. block tables: growing a request's table, freeing it tail
-// first. How a full block gets its hash, and how a new request finds its
-// cached prefix, is core/prefix_cache.hpp.
+// queue, and reference counts; 2. block tables: growing a request's table,
+// freeing it tail first. Prefix caching's index of which block holds which
+// tokens is core/prefix_index.hpp (the pool owns one); how a full block gets
+// its name, and how a new request finds its cached prefix, core/prefix_cache.hpp.
 //
 // A sequence never owns contiguous memory; it owns a list of block ids, its
 // *block table*. Position p lives in logical block p / block_size, which the
@@ -25,11 +25,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "core/prefix_index.hpp"
 
 namespace pkv {
 
@@ -58,7 +58,7 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // hits it, we must pull it out of the *middle* of the list in O(1).
 //
 // The list is also the eviction order: allocation pops from the head; a
-// freed block with a prefix-cache hash goes to the *tail*, to be evicted
+// freed block the prefix cache can find (PrefixIndex::cached) goes to the *tail*, to be evicted
 // last (LRU among cached blocks); one without (a partial block, or every
 // block when prefix caching is off) goes to the *head*: it holds nothing
 // anyone can find, so handing it out first keeps cached ones alive. A
@@ -71,13 +71,6 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 
 struct KVBlock {
     int32_t ref_cnt = 0;
-    // Prefix caching (core/prefix_cache.hpp): set once the block is full and
-    // hashed. The hash survives the block going back to the free list ("lazy
-    // eviction") and is dropped only when the block is handed out again.
-    bool has_hash = false;
-    uint64_t block_hash = 0;
-    uint64_t parent_hash = 0;     // hash of the previous block of the same chain
-    std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
     // Free-list links (block ids), -1 at the ends or when not in the list.
     int32_t prev_free = -1;
     int32_t next_free = -1;
@@ -88,7 +81,7 @@ class BlockPool {
 public:
     BlockPool() = default;
     BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
-        : block_size_(block_size), prefix_caching_(enable_prefix_caching) {
+        : block_size_(block_size), prefix_caching_(enable_prefix_caching), index_(std::max(num_blocks, 0), block_size) {
         if (num_blocks < 1) throw std::invalid_argument("BlockPool: num_blocks must be >= 1");
         if (block_size < 1 || block_size > kMaxBlockSize)
             throw std::invalid_argument("BlockPool: block_size must be in 1.." + std::to_string(kMaxBlockSize));
@@ -103,6 +96,10 @@ public:
     bool prefix_caching() const { return prefix_caching_; }
     const KVBlock& block(int32_t id) const { return blocks_.at((size_t)id); }
     int32_t free_list_head() const { return free_head_; }
+    int32_t free_list_tail() const { return free_tail_; }
+    // What prefix caching can find in the pool's blocks (core/prefix_index.hpp).
+    PrefixIndex& prefix_index() { return index_; }
+    const PrefixIndex& prefix_index() const { return index_; }
 
     // vLLM's gauge: fraction of blocks held by some request. Free blocks that
     // still carry a cached hash count as free (they can be taken any time).
@@ -118,14 +115,14 @@ public:
         // ---- exercise 2 begin: the LRU free list ----
         // All or nothing: refuse (return false) before touching anything.
         // Then n times: take the block at free_head_ off the list
-        // (unlink_free), drop the hash it may still carry (evict_hash: a cached
-        // block is evicted only now, when it is reused), give it one
+        // (unlink_free), drop the name it may still carry in the prefix index
+        // (index_.evict: a cached block is evicted only now, when it is reused), give it one
         // reference, append its id to `out`.
         if (n > num_free_) return false;
         for (int i = 0; i < n; ++i) {
             int32_t b = free_head_;
             unlink_free(b);
-            evict_hash(b);  // lazy eviction happens here, at reuse time
+            index_.evict(b);  // lazy eviction happens here, at reuse time
             blocks_[b].ref_cnt = 1;
             out.push_back(b);
         }
@@ -149,8 +146,8 @@ public:
 
     // Drop one reference on each block, in the order given. Callers pass a
     // block table in reverse so that its tail is evicted first (section 2).
-    // A block whose count reaches zero joins the free list, hash kept: a
-    // cached block at the tail, in the order given; an uncached one at the
+    // A block whose count reaches zero joins the free list, its name in the
+    // prefix index kept: a cached block at the tail, in the order given; an uncached one at the
     // head, also in the order given (so the first one given is handed out
     // first). Releasing a block nobody holds is a bookkeeping bug somewhere
     // above us (a table freed twice): we stop it here rather than let the
@@ -160,7 +157,7 @@ public:
         // First refuse a double free: no id may appear more often than its
         // ref_cnt (throw std::logic_error, and change nothing). Then drop one
         // reference per id; a block reaching zero goes to the tail
-        // (push_free_tail) if it has a hash, else to the head
+        // (push_free_tail) if it is cached (index_.cached), else to the head
         // (push_free_head), both groups keeping the order given.
         std::vector<int32_t> sorted(ids_in_free_order);  // to count repeats of one id
         std::sort(sorted.begin(), sorted.end());
@@ -173,51 +170,13 @@ public:
         std::vector<int32_t> to_head;  // [uncached blocks freed] in the order given
         for (int32_t b : ids_in_free_order) {
             if (--blocks_[b].ref_cnt > 0) continue;
-            if (blocks_[b].has_hash) push_free_tail(b);
+            if (index_.cached(b)) push_free_tail(b);
             else to_head.push_back(b);
         }
         // Pushing onto the head reverses order, so push the last one first.
         for (auto it = to_head.rbegin(); it != to_head.rend(); ++it) push_free_head(*it);
         // ---- exercise 2 end ----
     }
-
-    // ---- the prefix cache's map (core/prefix_cache.hpp) --------------------
-
-    // Tests shrink this (e.g. to 0x3) to force hash collisions and exercise the
-    // token-equality guard. 64 bits in normal use.
-    uint64_t hash_mask = ~0ull;
-
-    // Look up a full block with this chained hash whose parent hash and tokens
-    // are exactly these. Returns the block id or -1.
-    int32_t lookup(uint64_t hash, uint64_t parent_hash, const int32_t* tokens) const {
-        auto it = cached_.find(hash);
-        if (it == cached_.end()) return -1;
-        const KVBlock& blk = blocks_[it->second];
-        // The collision guard: equal hashes are not proof of equal contents.
-        if (blk.parent_hash != parent_hash) return -1;
-        if (std::memcmp(blk.tokens.data(), tokens, sizeof(int32_t) * block_size_) != 0) return -1;
-        return it->second;
-    }
-
-    // Record that block `id` is full and holds `tokens`, with this chained hash.
-    // If another block already holds this hash we keep the older entry (the new
-    // block simply stays uncached): one hash, one block.
-    void cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
-        KVBlock& blk = checked(id, "cache_block");
-        if (blk.has_hash || cached_.count(hash)) return;
-        blk.has_hash = true;
-        blk.block_hash = hash;
-        blk.parent_hash = parent_hash;
-        blk.tokens.assign(tokens, tokens + block_size_);
-        cached_[hash] = id;
-    }
-
-    size_t num_cached_blocks() const { return cached_.size(); }
-
-    // Read-only views for core/block_pool_check.hpp, which checks the pool
-    // against the block tables after every engine step in the tests.
-    int32_t free_list_tail() const { return free_tail_; }
-    const std::unordered_map<uint64_t, int32_t>& cached_blocks() const { return cached_; }
 
 private:
     KVBlock& checked(int32_t b, const char* what) {
@@ -252,19 +211,10 @@ private:
         blk.in_free_list = false;
         --num_free_;
     }
-    void evict_hash(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        if (!blk.has_hash) return;
-        auto it = cached_.find(blk.block_hash);
-        if (it != cached_.end() && it->second == b) cached_.erase(it);
-        blk.has_hash = false;
-        blk.tokens.clear();
-    }
-
     int block_size_ = 0;
     bool prefix_caching_ = false;
-    std::vector<KVBlock> blocks_;                   // [num_blocks]
-    std::unordered_map<uint64_t, int32_t> cached_;  // chained hash -> block id
+    PrefixIndex index_;           // which blocks prefix caching can find, and by what name
+    std::vector<KVBlock> blocks_;  // [num_blocks]
     int32_t free_head_ = -1, free_tail_ = -1;
     int num_free_ = 0;
 };
@@ -322,7 +272,7 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     if (!hits.empty()) {
         // Hit blocks are already hashed; continue the chain from the last one.
         table.num_hashed = (int)hits.size();
-        table.last_hash = pool.block(hits.back()).block_hash;
+        table.last_hash = pool.prefix_index().entry(hits.back()).block_hash;
     }
     pool.allocate((int)need_new, table.blocks);
     return true;

@@ -65,16 +65,17 @@ inline std::string check_invariants(const BlockPool& pool, const std::vector<con
     // up its own hash, which can account for at most one entry, so the count
     // of blocks that find themselves equals the map's size exactly when every
     // entry is right.
-    const auto& cached = pool.cached_blocks();
+    const PrefixIndex& index = pool.prefix_index();
+    const auto& cached = index.cached_blocks();
     size_t mapped = 0;
     for (int b = 0; b < n; ++b) {
-        if (!pool.block(b).has_hash) continue;
-        const auto it = cached.find(pool.block(b).block_hash);
+        if (!index.cached(b)) continue;
+        const auto it = cached.find(index.entry(b).block_hash);
         mapped += it != cached.end() && it->second == b;
     }
     if (mapped != cached.size())
         for (const auto& [h, b] : cached)  // rare: name the culprit
-            if (!pool.block(b).has_hash || pool.block(b).block_hash != h)
+            if (!index.cached(b) || index.entry(b).block_hash != h)
                 return "hash map entry points at block " + std::to_string(b) + " without that hash";
     return "";
 }

@@ -4,11 +4,11 @@
 // A freed block keeps its K/V until someone overwrites it. If we remember
 // which tokens a full block holds, a later request starting with the same
 // tokens -- a shared system prompt, or a preempted request coming back -- can
-// take that block instead of computing it again. core/block_pool.hpp keeps the
-// hash -> block map and evicts lazily (a freed cached block stays findable
-// until it is handed out again, least recently freed first); this header
-// names blocks by hash and walks a sequence's blocks. Sections: 1. chained
-// hashes; 2. the lookup at admission; 3. registration after compute.
+// take that block instead of computing it again. core/prefix_index.hpp keeps
+// the hash -> block map, and the pool evicts lazily (a freed cached block
+// stays findable until it is handed out again, least recently freed first);
+// this header names blocks by hash and walks a sequence's blocks. Sections:
+// 1. chained hashes; 2. the lookup at admission; 3. registration after compute.
 //
 // For the key question you may read find_cached_prefix's contract and skip
 // the rest: a request is admitted with its longest cached prefix already
@@ -37,7 +37,7 @@ namespace pkv {
 //
 // The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
 // hash of a Python tuple. Whatever the function, collisions are possible, which
-// is why BlockPool::lookup also compares parent hash and tokens.
+// is why PrefixIndex::lookup also compares parent hash and tokens.
 
 inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
     uint64_t h = 1469598103934665603ull ^ parent_hash;
@@ -61,18 +61,19 @@ inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, i
 inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
     // ---- exercise 3 begin: chained hashes and the prefix lookup ----
     // Walk the full blocks of `tokens` from the first: hash each with its
-    // parent's hash (kRootHash for block 0), look it up (pool.lookup), stop at
-    // the first miss. Never hit the block holding the last token: at most
+    // parent's hash (kRootHash for block 0), look it up in the pool's index
+    // (pool.prefix_index(): lookup, hash_mask), stop at the first miss. Never hit the block holding the last token: at most
     // (num_tokens - 1) / block_size blocks. Nothing without prefix caching.
     std::vector<int32_t> hits;
     if (!pool.prefix_caching() || num_tokens <= 0) return hits;
+    const PrefixIndex& index = pool.prefix_index();
     const int bs = pool.block_size();
     const int max_blocks = (num_tokens - 1) / bs;
     uint64_t parent = kRootHash;
     for (int i = 0; i < max_blocks; ++i) {
         const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, pool.hash_mask);
-        int32_t id = pool.lookup(h, parent, blk_tokens);
+        uint64_t h = hash_block_tokens(parent, blk_tokens, bs, index.hash_mask);
+        int32_t id = index.lookup(h, parent, blk_tokens);
         if (id < 0) break;
         hits.push_back(id);
         parent = h;
@@ -90,11 +91,13 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
 // have K/V written. Called after each forward step when prefix caching is on.
 inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
     // ---- exercise 3 begin: chained hashes and the prefix lookup ----
-    // Register blocks num_hashed .. (num_computed / block_size) - 1, each
-    // hashed from table.last_hash, then advance last_hash and num_hashed. If
+    // Register blocks num_hashed .. (num_computed / block_size) - 1 in the
+    // pool's index (pool.prefix_index().cache_block), each hashed from
+    // table.last_hash, then advance last_hash and num_hashed. If
     // the lookup of what you just cached does not find it (another block owns
     // that hash with other contents), set chain_broken and stop for good.
     if (!pool.prefix_caching() || table.chain_broken) return;
+    PrefixIndex& index = pool.prefix_index();
     const int bs = pool.block_size();
     const int num_full = num_computed / bs;
     if (num_computed < 0 || (size_t)num_full > table.blocks.size())
@@ -102,11 +105,11 @@ inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t*
                                     std::to_string(table.blocks.size()) + " blocks of " + std::to_string(bs));
     for (int i = table.num_hashed; i < num_full; ++i) {
         const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, pool.hash_mask);
-        pool.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
+        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, index.hash_mask);
+        index.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
         // The hash now names this block or an identical one (two requests
         // computed the same prefix) -- unless it collided with other contents.
-        if (pool.lookup(h, table.last_hash, blk_tokens) < 0) {
+        if (index.lookup(h, table.last_hash, blk_tokens) < 0) {
             table.chain_broken = true;
             return;
         }

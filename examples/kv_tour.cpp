@@ -59,7 +59,7 @@ int run(int argc, char** argv) {
         std::printf("  position %d -> logical block %d -> physical block %d -> slot %lld\n", p, p / block_size,
                     ta.blocks[p / block_size], (long long)pkv::slot_of(ta.blocks.data(), p, block_size));
     pkv::cache_full_blocks(pool, ta, a.data(), (int)a.size());
-    std::printf("  A's 2 full blocks are hashed into the prefix cache (%zu cached)\n", pool.num_cached_blocks());
+    std::printf("  A's 2 full blocks are hashed into the prefix cache (%zu cached)\n", pool.prefix_index().num_cached_blocks());
 
     std::vector<int32_t> b = a;
     b.back() = 99;  // same prompt, different last token

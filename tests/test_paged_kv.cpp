@@ -348,7 +348,7 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     const Ids toks = tokens_from(7, 17);
     BlockTable a = prefill(pool, toks, 17);  // blocks 0..4, four full ones cached
     REQUIRE(a.blocks == Ids{0, 1, 2, 3, 4});
-    REQUIRE(pool.num_cached_blocks() == 4);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 4);
     free_blocks(pool, a);  // 4 (partial, uncached) to the head, 3..0 to the tail
     REQUIRE(walk_free_list(pool) == Ids{4, 5, 3, 2, 1, 0});
 
@@ -361,8 +361,8 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     CHECK_FALSE(pool.block(2).in_free_list);
     CHECK(pool.block(2).prev_free == -1);
     CHECK(pool.block(2).next_free == -1);
-    CHECK(pool.block(2).has_hash);  // a hit keeps its cached contents
-    CHECK(pool.num_cached_blocks() == 4);
+    CHECK(pool.prefix_index().entry(2).has_hash);  // a hit keeps its cached contents
+    CHECK(pool.prefix_index().num_cached_blocks() == 4);
     CHECK(invariants(pool, {&held}) == "");
 
     pool.touch({4});  // head
@@ -413,13 +413,13 @@ TEST_CASE("hash chaining: a block's hash depends on its parent") {
     a_toks.insert(a_toks.end(), z.begin(), z.end());
     a_toks.push_back(99);
     BlockTable a = prefill(pool, a_toks, 13);
-    REQUIRE(pool.num_cached_blocks() == 3);
-    CHECK(pool.block(a.blocks[0]).parent_hash == kRootHash);
-    CHECK(pool.block(a.blocks[0]).block_hash == hx);
-    CHECK(pool.block(a.blocks[1]).parent_hash == hx);
-    CHECK(pool.block(a.blocks[2]).parent_hash == pool.block(a.blocks[1]).block_hash);
-    CHECK(a.last_hash == pool.block(a.blocks[2]).block_hash);
-    CHECK(pool.block(a.blocks[1]).tokens == y);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 3);
+    CHECK(pool.prefix_index().entry(a.blocks[0]).parent_hash == kRootHash);
+    CHECK(pool.prefix_index().entry(a.blocks[0]).block_hash == hx);
+    CHECK(pool.prefix_index().entry(a.blocks[1]).parent_hash == hx);
+    CHECK(pool.prefix_index().entry(a.blocks[2]).parent_hash == pool.prefix_index().entry(a.blocks[1]).block_hash);
+    CHECK(a.last_hash == pool.prefix_index().entry(a.blocks[2]).block_hash);
+    CHECK(pool.prefix_index().entry(a.blocks[1]).tokens == y);
 
     auto query = [&](std::initializer_list<Ids> blocks) {
         Ids q;
@@ -446,7 +446,7 @@ TEST_CASE("hash chaining: a block's hash depends on its parent") {
     CHECK(b.blocks[1] == a.blocks[1]);
     CHECK(b.blocks[2] != a.blocks[2]);
     CHECK(b.num_hashed == 3);
-    CHECK(pool.block(b.blocks[2]).parent_hash == pool.block(a.blocks[1]).block_hash);
+    CHECK(pool.prefix_index().entry(b.blocks[2]).parent_hash == pool.prefix_index().entry(a.blocks[1]).block_hash);
     CHECK(query({x, y, x}) == Ids{a.blocks[0], a.blocks[1], b.blocks[2]});
     CHECK(invariants_bt(pool, {&a, &b}) == "");
 }
@@ -458,7 +458,7 @@ TEST_CASE("prefix hits are capped at num_tokens - 1") {
     BlockPool pool(8, 16, true);
     const Ids toks = tokens_from(500, 48);
     BlockTable a = prefill(pool, toks, 40);  // two full blocks cached
-    REQUIRE(pool.num_cached_blocks() == 2);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 2);
     const Ids both{a.blocks[0], a.blocks[1]};
 
     CHECK(find_cached_prefix(pool, toks.data(), 32) == Ids{a.blocks[0]});
@@ -488,29 +488,29 @@ TEST_CASE("cache_full_blocks registers only full blocks, once") {
     REQUIRE(a.blocks.size() == 3u);
 
     cache_full_blocks(pool, a, toks.data(), 3);  // nothing full yet
-    CHECK(pool.num_cached_blocks() == 0u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
     CHECK(a.num_hashed == 0);
     CHECK(a.last_hash == kRootHash);
 
     cache_full_blocks(pool, a, toks.data(), 10);  // blocks 0, 1 full; 2 partial
-    CHECK(pool.num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(a.num_hashed == 2);
-    CHECK(pool.block(a.blocks[0]).has_hash);
-    CHECK(pool.block(a.blocks[1]).has_hash);
-    CHECK_FALSE(pool.block(a.blocks[2]).has_hash);
-    CHECK(pool.block(a.blocks[0]).tokens == Ids{1, 2, 3, 4});
-    const uint64_t h1 = pool.block(a.blocks[1]).block_hash;
+    CHECK(pool.prefix_index().entry(a.blocks[0]).has_hash);
+    CHECK(pool.prefix_index().entry(a.blocks[1]).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(a.blocks[2]).has_hash);
+    CHECK(pool.prefix_index().entry(a.blocks[0]).tokens == Ids{1, 2, 3, 4});
+    const uint64_t h1 = pool.prefix_index().entry(a.blocks[1]).block_hash;
     CHECK(a.last_hash == h1);
 
     cache_full_blocks(pool, a, toks.data(), 10);  // idempotent
-    CHECK(pool.num_cached_blocks() == 2u);
-    CHECK(pool.block(a.blocks[1]).block_hash == h1);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().entry(a.blocks[1]).block_hash == h1);
 
     cache_full_blocks(pool, a, toks.data(), 12);  // block 2 fills up
-    CHECK(pool.num_cached_blocks() == 3u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
     CHECK(a.num_hashed == 3);
-    CHECK(pool.block(a.blocks[2]).parent_hash == h1);
-    CHECK(pool.block(a.blocks[2]).block_hash ==
+    CHECK(pool.prefix_index().entry(a.blocks[2]).parent_hash == h1);
+    CHECK(pool.prefix_index().entry(a.blocks[2]).block_hash ==
           hash_block_tokens(h1, toks.data() + 8, 4, ~0ull));
 
     // Same prompt computed by a second table without lookup (e.g. scheduled in
@@ -518,8 +518,8 @@ TEST_CASE("cache_full_blocks registers only full blocks, once") {
     BlockTable b;
     REQUIRE(allocate_slots(pool, b, {}, 12));
     cache_full_blocks(pool, b, toks.data(), 12);
-    CHECK(pool.num_cached_blocks() == 3u);
-    for (int32_t id : b.blocks) CHECK_FALSE(pool.block(id).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
+    for (int32_t id : b.blocks) CHECK_FALSE(pool.prefix_index().entry(id).has_hash);
     CHECK(find_cached_prefix(pool, toks.data(), 13) == a.blocks);
     CHECK(invariants_bt(pool, {&a, &b}) == "");
 }
@@ -531,22 +531,22 @@ TEST_CASE("collision guard: equal hashes with other contents miss") {
     const int bs = 2;
     SUBCASE("mask 0: every block hashes to 0, tokens decide") {
         BlockPool pool(8, bs, true);
-        pool.hash_mask = 0;
+        pool.prefix_index().hash_mask = 0;
         const Ids xa{1, 2, 3}, ya{4, 5, 6};
         BlockTable a = prefill(pool, xa, 3);
-        REQUIRE(pool.num_cached_blocks() == 1u);
-        REQUIRE(pool.block(a.blocks[0]).block_hash == 0u);
+        REQUIRE(pool.prefix_index().num_cached_blocks() == 1u);
+        REQUIRE(pool.prefix_index().entry(a.blocks[0]).block_hash == 0u);
         CHECK(hash_block_tokens(kRootHash, ya.data(), bs, 0) == 0u);  // a collision
         CHECK(find_cached_prefix(pool, ya.data(), 3).empty());
         CHECK(find_cached_prefix(pool, xa.data(), 3) == Ids{a.blocks[0]});
         // Direct lookups: right tokens under the wrong parent miss too.
-        CHECK(pool.lookup(0, kRootHash, xa.data()) == a.blocks[0]);
-        CHECK(pool.lookup(0, kRootHash, ya.data()) == -1);
-        CHECK(pool.lookup(0, 0, xa.data()) == -1);
-        CHECK(pool.lookup(1, kRootHash, xa.data()) == -1);  // absent hash
+        CHECK(pool.prefix_index().lookup(0, kRootHash, xa.data()) == a.blocks[0]);
+        CHECK(pool.prefix_index().lookup(0, kRootHash, ya.data()) == -1);
+        CHECK(pool.prefix_index().lookup(0, 0, xa.data()) == -1);
+        CHECK(pool.prefix_index().lookup(1, kRootHash, xa.data()) == -1);  // absent hash
         // y's own block collides with x's entry, so it stays uncached.
         BlockTable b = prefill(pool, ya, 3);
-        CHECK_FALSE(pool.block(b.blocks[0]).has_hash);
+        CHECK_FALSE(pool.prefix_index().entry(b.blocks[0]).has_hash);
         CHECK(find_cached_prefix(pool, ya.data(), 3).empty());
         CHECK(invariants_bt(pool, {&a, &b}) == "");
     }
@@ -578,18 +578,18 @@ TEST_CASE("collision guard: equal hashes with other contents miss") {
         REQUIRE(found);
 
         BlockPool pool(8, bs, true);
-        pool.hash_mask = m;
+        pool.prefix_index().hash_mask = m;
         const Ids a_toks{X[0], X[1], Z[0], Z[1], 7};
         const Ids c_toks{Y[0], Y[1], 8};
         BlockTable a = prefill(pool, a_toks, 5);
         BlockTable c = prefill(pool, c_toks, 3);
-        REQUIRE(pool.num_cached_blocks() == 3u);
+        REQUIRE(pool.prefix_index().num_cached_blocks() == 3u);
 
         const Ids q{Y[0], Y[1], Z[0], Z[1], 9};
         CHECK(find_cached_prefix(pool, q.data(), 5) == Ids{c.blocks[0]});
-        const uint64_t hb = pool.block(a.blocks[1]).block_hash;
-        CHECK(pool.lookup(hb, pool.block(c.blocks[0]).block_hash, Z.data()) == -1);
-        CHECK(pool.lookup(hb, pool.block(a.blocks[0]).block_hash, Z.data()) == a.blocks[1]);
+        const uint64_t hb = pool.prefix_index().entry(a.blocks[1]).block_hash;
+        CHECK(pool.prefix_index().lookup(hb, pool.prefix_index().entry(c.blocks[0]).block_hash, Z.data()) == -1);
+        CHECK(pool.prefix_index().lookup(hb, pool.prefix_index().entry(a.blocks[0]).block_hash, Z.data()) == a.blocks[1]);
         CHECK(find_cached_prefix(pool, a_toks.data(), 5) == Ids{a.blocks[0], a.blocks[1]});  // A still hits
         CHECK(invariants_bt(pool, {&a, &c}) == "");
     }
@@ -607,9 +607,9 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
 
     CHECK(pool.num_free_blocks() == 4);
     CHECK(pool.kv_cache_usage_perc() == 0.0);  // cached-but-free counts as free
-    CHECK(pool.block(0).has_hash);
-    CHECK(pool.block(1).has_hash);
-    CHECK(pool.num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().entry(0).has_hash);
+    CHECK(pool.prefix_index().entry(1).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(find_cached_prefix(pool, toks.data(), 9) == Ids{0, 1});
     CHECK(invariants(pool, {}) == "");
 
@@ -620,14 +620,14 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
 
     REQUIRE(pool.allocate(1, other));  // block 1: evicted now
     CHECK(other.back() == 1);
-    CHECK_FALSE(pool.block(1).has_hash);
-    CHECK(pool.block(1).tokens.empty());
-    CHECK(pool.num_cached_blocks() == 1u);
+    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
+    CHECK(pool.prefix_index().entry(1).tokens.empty());
+    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
     CHECK(find_cached_prefix(pool, toks.data(), 9) == Ids{0});
     CHECK(invariants(pool, {&other}) == "");
 
     REQUIRE(pool.allocate(1, other));  // block 0
-    CHECK(pool.num_cached_blocks() == 0u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
     CHECK(find_cached_prefix(pool, toks.data(), 9).empty());
     CHECK(invariants(pool, {&other}) == "");
 
@@ -665,7 +665,7 @@ TEST_CASE("allocate_slots counts free prefix hits against capacity") {
     CHECK(pool.num_free_blocks() == 3);
     CHECK(walk_free_list(pool) == free_before);
     for (int32_t id : hits) CHECK(pool.block(id).ref_cnt == 0);
-    CHECK(pool.num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(find_cached_prefix(pool, toks.data(), 13) == hits);
     CHECK(invariants(pool, {}) == "");
 
@@ -675,9 +675,9 @@ TEST_CASE("allocate_slots counts free prefix hits against capacity") {
     CHECK(b.blocks[0] == hits[0]);
     CHECK(b.blocks[1] == hits[1]);
     CHECK(b.num_hashed == 2);
-    CHECK(b.last_hash == pool.block(hits[1]).block_hash);
+    CHECK(b.last_hash == pool.prefix_index().entry(hits[1]).block_hash);
     CHECK(pool.num_free_blocks() == 0);
-    CHECK(pool.num_cached_blocks() == 2u);  // the hits were not evicted
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);  // the hits were not evicted
     CHECK(invariants_bt(pool, {&b}) == "");
 
     // Hits on blocks that are already held cost nothing extra.
@@ -728,8 +728,8 @@ TEST_CASE("prefix caching disabled: no hashes, no hits") {
     const Ids toks = tokens_from(3, 17);
     BlockTable a = prefill(pool, toks, 17);
     CHECK(a.num_hashed == 0);
-    CHECK(pool.num_cached_blocks() == 0u);
-    for (int32_t id : a.blocks) CHECK_FALSE(pool.block(id).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
+    for (int32_t id : a.blocks) CHECK_FALSE(pool.prefix_index().entry(id).has_hash);
     CHECK(find_cached_prefix(pool, toks.data(), 17).empty());
     free_blocks(pool, a);
     CHECK(find_cached_prefix(pool, toks.data(), 17).empty());
@@ -757,7 +757,7 @@ TEST_CASE("random schedule keeps invariants and hits only identical prefixes") {
         std::mt19937 rng(seed);
         auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
         BlockPool pool(num_blocks, bs, true);
-        pool.hash_mask = mask;
+        pool.prefix_index().hash_mask = mask;
         std::vector<Ids> computed_prefix(num_blocks);  // block -> tokens 0..end of block it holds
         std::vector<Ids> families;
         for (int f = 0; f < 3; ++f) {
@@ -1089,7 +1089,7 @@ TEST_CASE("collision guard: a colliding parent must not let a child hit") {
     REQUIRE_FALSE(Y.empty());
 
     BlockPool pool(8, bs, true);
-    pool.hash_mask = m;
+    pool.prefix_index().hash_mask = m;
     const Ids p_toks{X[0], X[1], 50};
     BlockTable p = prefill(pool, p_toks, 3);  // caches [X]
     const Ids r_toks{Y[0], Y[1], 7, 8, 60};

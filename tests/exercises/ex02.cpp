@@ -64,8 +64,8 @@ std::string consistent(const BlockPool& pool, std::vector<const Ids*> holders) {
 // tokens {id, id, ...}: enough for the free list to treat it as cached.
 void give_hash(BlockPool& pool, int32_t id) {
     const std::vector<int32_t> toks((size_t)pool.block_size(), id);
-    pool.cache_block(id, 0x1000u + (uint64_t)id, kRootHash, toks.data());
-    REQUIRE(pool.block(id).has_hash);
+    pool.prefix_index().cache_block(id, 0x1000u + (uint64_t)id, kRootHash, toks.data());
+    REQUIRE(pool.prefix_index().entry(id).has_hash);
 }
 
 }  // namespace
@@ -137,27 +137,27 @@ TEST_CASE("cached blocks go to the tail and keep their hash until reused") {
     Ids all;
     REQUIRE(pool.allocate(6, all));  // 0..5 held, 6 free
     for (int32_t b : {0, 1, 2}) give_hash(pool, b);
-    REQUIRE(pool.num_cached_blocks() == 3u);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 3u);
 
     // 2, 1, 0 are cached: tail, in this order. 4 and 3 are not: head, in this order.
     pool.release({2, 4, 1, 3, 0});
     CHECK(free_list(pool) == Ids{4, 3, 6, 2, 1, 0});
     // Free, but still cached: a lookup finds them.
-    for (int32_t b : {0, 1, 2}) CHECK(pool.block(b).has_hash);
-    CHECK(pool.num_cached_blocks() == 3u);
+    for (int32_t b : {0, 1, 2}) CHECK(pool.prefix_index().entry(b).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
     const std::vector<int32_t> toks2(2, 2);
-    CHECK(pool.lookup(0x1002u, kRootHash, toks2.data()) == 2);
+    CHECK(pool.prefix_index().lookup(0x1002u, kRootHash, toks2.data()) == 2);
 
     // Taking four hands out the three uncached blocks first, then the least
     // recently freed cached one (2), which loses its hash only now.
     Ids got;
     REQUIRE(pool.allocate(4, got));
     CHECK(got == Ids{4, 3, 6, 2});
-    CHECK_FALSE(pool.block(2).has_hash);
-    CHECK(pool.num_cached_blocks() == 2u);
-    CHECK(pool.lookup(0x1002u, kRootHash, toks2.data()) == -1);
-    CHECK(pool.block(1).has_hash);
-    CHECK(pool.block(0).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().lookup(0x1002u, kRootHash, toks2.data()) == -1);
+    CHECK(pool.prefix_index().entry(1).has_hash);
+    CHECK(pool.prefix_index().entry(0).has_hash);
     CHECK(free_list(pool) == Ids{1, 0});
     const Ids still{5};
     CHECK(consistent(pool, {&got, &still}) == "");

@@ -63,9 +63,9 @@ uint64_t chain_hash(std::initializer_list<Ids> blocks, int bs, uint64_t mask = ~
 
 // Register `id` as a cached block holding `toks` after `parent`.
 void put(BlockPool& pool, int32_t id, uint64_t parent, const Ids& toks) {
-    const uint64_t h = hash_block_tokens(parent, toks.data(), pool.block_size(), pool.hash_mask);
-    pool.cache_block(id, h, parent, toks.data());
-    REQUIRE(pool.block(id).has_hash);
+    const uint64_t h = hash_block_tokens(parent, toks.data(), pool.block_size(), pool.prefix_index().hash_mask);
+    pool.prefix_index().cache_block(id, h, parent, toks.data());
+    REQUIRE(pool.prefix_index().entry(id).has_hash);
 }
 
 Ids hits_of(const BlockPool& pool, const Ids& toks) { return find_cached_prefix(pool, toks.data(), (int)toks.size()); }
@@ -98,7 +98,7 @@ TEST_CASE("a cached chain is found block by block in logical order") {
     Ids again;
     REQUIRE(pool.allocate(1, again));
     REQUIRE(again == Ids{0});
-    REQUIRE(pool.block(4).has_hash);
+    REQUIRE(pool.prefix_index().entry(4).has_hash);
     CHECK(hits_of(pool, concat({A, B, C, {7}})) == Ids{3});
 }
 
@@ -149,9 +149,9 @@ TEST_CASE("nothing is found or cached without prefix caching") {
     CHECK(t.num_hashed == 0);
     CHECK(t.last_hash == kRootHash);
     CHECK_FALSE(t.chain_broken);
-    CHECK_FALSE(pool.block(2).has_hash);
-    CHECK_FALSE(pool.block(3).has_hash);
-    CHECK(pool.num_cached_blocks() == 1u);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
 }
 
 TEST_CASE("cache full blocks registers only full computed blocks") {
@@ -163,37 +163,37 @@ TEST_CASE("cache full blocks registers only full computed blocks") {
     const Ids toks = concat({A, B, C, {51, 52}});  // 14 tokens, 4 blocks
 
     cache_full_blocks(pool, t, toks.data(), 3);  // block 0 not full yet
-    CHECK(pool.num_cached_blocks() == 0u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
     CHECK(t.num_hashed == 0);
     CHECK(t.last_hash == kRootHash);
 
     cache_full_blocks(pool, t, toks.data(), 7);  // block 0 full, block 1 not
     const uint64_t h0 = chain_hash({A}, 4);
-    CHECK(pool.num_cached_blocks() == 1u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
     CHECK(t.num_hashed == 1);
     CHECK(t.last_hash == h0);
-    CHECK(pool.block(1).has_hash);
-    CHECK(pool.block(1).block_hash == h0);
-    CHECK(pool.block(1).parent_hash == kRootHash);
-    CHECK(pool.block(1).tokens == A);
-    CHECK_FALSE(pool.block(2).has_hash);
+    CHECK(pool.prefix_index().entry(1).has_hash);
+    CHECK(pool.prefix_index().entry(1).block_hash == h0);
+    CHECK(pool.prefix_index().entry(1).parent_hash == kRootHash);
+    CHECK(pool.prefix_index().entry(1).tokens == A);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
 
     cache_full_blocks(pool, t, toks.data(), 14);  // blocks 1 and 2 fill; block 3 is partial
     const uint64_t h1 = chain_hash({A, B}, 4), h2 = chain_hash({A, B, C}, 4);
-    CHECK(pool.num_cached_blocks() == 3u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
     CHECK(t.num_hashed == 3);
     CHECK(t.last_hash == h2);
-    CHECK(pool.block(2).block_hash == h1);
-    CHECK(pool.block(2).parent_hash == h0);
-    CHECK(pool.block(2).tokens == B);
-    CHECK(pool.block(3).block_hash == h2);
-    CHECK(pool.block(3).parent_hash == h1);
-    CHECK(pool.block(3).tokens == C);
-    CHECK_FALSE(pool.block(4).has_hash);
+    CHECK(pool.prefix_index().entry(2).block_hash == h1);
+    CHECK(pool.prefix_index().entry(2).parent_hash == h0);
+    CHECK(pool.prefix_index().entry(2).tokens == B);
+    CHECK(pool.prefix_index().entry(3).block_hash == h2);
+    CHECK(pool.prefix_index().entry(3).parent_hash == h1);
+    CHECK(pool.prefix_index().entry(3).tokens == C);
+    CHECK_FALSE(pool.prefix_index().entry(4).has_hash);
     CHECK_FALSE(t.chain_broken);
 
     cache_full_blocks(pool, t, toks.data(), 14);  // again: nothing new
-    CHECK(pool.num_cached_blocks() == 3u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
     CHECK(t.num_hashed == 3);
     CHECK(t.last_hash == h2);
     // And the lookup finds the chain, capped below the last token.
@@ -209,7 +209,7 @@ TEST_CASE("a duplicate of a cached block continues the chain") {
     REQUIRE(pool.allocate(3, b.blocks));  // 2, 3, 4
     const Ids ta = concat({A, B}), tb = concat({A, B, X, {9}});
     cache_full_blocks(pool, a, ta.data(), 8);
-    REQUIRE(pool.num_cached_blocks() == 2u);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 2u);
 
     // b computed the same two blocks itself: they stay uncached (one block per
     // hash), yet b's chain goes on from the same hashes.
@@ -217,38 +217,38 @@ TEST_CASE("a duplicate of a cached block continues the chain") {
     CHECK_FALSE(b.chain_broken);
     CHECK(b.num_hashed == 2);
     CHECK(b.last_hash == chain_hash({A, B}, 4));
-    CHECK_FALSE(pool.block(2).has_hash);
-    CHECK_FALSE(pool.block(3).has_hash);
-    CHECK(pool.num_cached_blocks() == 2u);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
 
     // Its third block is new: registered, as the child of [A, B].
     cache_full_blocks(pool, b, tb.data(), 12);
     CHECK(b.num_hashed == 3);
-    CHECK(pool.block(4).has_hash);
-    CHECK(pool.block(4).parent_hash == chain_hash({A, B}, 4));
-    CHECK(pool.block(4).block_hash == chain_hash({A, B, X}, 4));
+    CHECK(pool.prefix_index().entry(4).has_hash);
+    CHECK(pool.prefix_index().entry(4).parent_hash == chain_hash({A, B}, 4));
+    CHECK(pool.prefix_index().entry(4).block_hash == chain_hash({A, B, X}, 4));
     CHECK(hits_of(pool, tb) == Ids{0, 1, 4});
 }
 
 TEST_CASE("a hash collision breaks the chain for good") {
     BlockPool pool(6, 2, true);
-    pool.hash_mask = 0;  // every block hashes to 0
+    pool.prefix_index().hash_mask = 0;  // every block hashes to 0
     BlockTable a, b;
     REQUIRE(pool.allocate(1, a.blocks));  // 0
     REQUIRE(pool.allocate(2, b.blocks));  // 1, 2
     const Ids ta{1, 2, 9}, tb{3, 4, 5, 6};
     cache_full_blocks(pool, a, ta.data(), 2);
-    REQUIRE(pool.block(0).has_hash);
-    REQUIRE(pool.block(0).block_hash == 0u);
+    REQUIRE(pool.prefix_index().entry(0).has_hash);
+    REQUIRE(pool.prefix_index().entry(0).block_hash == 0u);
 
     // b's first block hashes to 0 too, with other tokens: a collision.
     cache_full_blocks(pool, b, tb.data(), 4);
     CHECK(b.chain_broken);
     CHECK(b.num_hashed == 0);
     CHECK(b.last_hash == kRootHash);
-    CHECK_FALSE(pool.block(1).has_hash);
-    CHECK_FALSE(pool.block(2).has_hash);
-    CHECK(pool.num_cached_blocks() == 1u);
+    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
     CHECK(hits_of(pool, Ids{3, 4, 5}).empty());  // and no lookup returns a's block for it
     CHECK(hits_of(pool, Ids{1, 2, 5}) == Ids{0});
 
@@ -257,11 +257,11 @@ TEST_CASE("a hash collision breaks the chain for good") {
     a.blocks.clear();
     Ids all;
     REQUIRE(pool.allocate(pool.num_free_blocks(), all));
-    REQUIRE(pool.num_cached_blocks() == 0u);
+    REQUIRE(pool.prefix_index().num_cached_blocks() == 0u);
     cache_full_blocks(pool, b, tb.data(), 4);
     CHECK(b.chain_broken);
     CHECK(b.num_hashed == 0);
-    CHECK_FALSE(pool.block(1).has_hash);
-    CHECK_FALSE(pool.block(2).has_hash);
-    CHECK(pool.num_cached_blocks() == 0u);
+    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
+    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
 }

@@ -69,9 +69,9 @@ std::vector<uint64_t> cache_chain(BlockPool& pool, const Ids& ids, const Ids& to
     uint64_t parent = kRootHash;
     for (size_t i = 0; i < ids.size(); ++i) {
         const int32_t* t = toks.data() + i * (size_t)bs;
-        const uint64_t h = hash_block_tokens(parent, t, bs, pool.hash_mask);
-        pool.cache_block(ids[i], h, parent, t);
-        REQUIRE(pool.block(ids[i]).has_hash);
+        const uint64_t h = hash_block_tokens(parent, t, bs, pool.prefix_index().hash_mask);
+        pool.prefix_index().cache_block(ids[i], h, parent, t);
+        REQUIRE(pool.prefix_index().entry(ids[i]).has_hash);
         hashes.push_back(h);
         parent = h;
     }
@@ -179,13 +179,13 @@ TEST_CASE("hits sitting in the free list count against capacity") {
     CHECK(walk_free_list(pool) == free_before);
     CHECK(pool.block(0).ref_cnt == 0);
     CHECK(pool.block(1).ref_cnt == 0);
-    CHECK(pool.num_cached_blocks() == 2u);  // nothing evicted either
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);  // nothing evicted either
 
     CHECK(allocate_slots(pool, t, {0, 1}, 12));  // 2 free hits + 1 new = 3
     CHECK(t.blocks == Ids{0, 1, 2});
     CHECK(t.num_hashed == 2);
     CHECK(pool.num_free_blocks() == 0);
-    CHECK(pool.num_cached_blocks() == 2u);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(consistent(pool, {&t}) == "");
 }
 

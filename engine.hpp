@@ -97,7 +97,7 @@ public:
     // it, the pool sized from cfg_, the scheduler checking max_model_len
     // against the pool; last, the runner allocates the KV cache itself.
     Engine(std::unique_ptr<ModelRunner> runner, EngineConfig cfg, Clock* clock = nullptr)
-        : runner_(require(std::move(runner))), cfg_(derive(*runner_, cfg)),
+        : runner_(std::move(runner)), cfg_(derive(runner_.get(), cfg)),
           geo_{model().n_layers, cfg_.num_blocks, cfg_.block_size, model().n_kv_heads, model().head_dim(), cfg_.kv_dtype},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching), sched_(cfg_.sched, pool_),
           clock_(clock ? clock : &wall_clock_), log_(clock_->now()) {
@@ -216,17 +216,13 @@ public:
     std::string prometheus() const { return prometheus_text(metrics_); }
 
 private:
-    static std::unique_ptr<ModelRunner> require(std::unique_ptr<ModelRunner> r) {
-        if (!r) throw std::invalid_argument("Engine: no model runner");
-        return r;
-    }
-
     // Size the KV cache against the model and the runner's memory before
     // anything is allocated (size_kv_cache, tiny_model/runner.hpp): num_blocks
     // from a byte budget, max_model_len derived when 0.
-    static EngineConfig derive(const ModelRunner& runner, EngineConfig c) {
+    static EngineConfig derive(const ModelRunner* runner, EngineConfig c) {
+        if (!runner) throw std::invalid_argument("Engine: no model runner");
         if (!std::isfinite(c.log_interval_s)) throw std::invalid_argument("log_interval_s must be a finite number of seconds");
-        const KVCacheSpec kv = size_kv_cache(runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.swap_space_blocks,
+        const KVCacheSpec kv = size_kv_cache(*runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.swap_space_blocks,
                                                       c.sched.max_model_len});
         c.num_blocks = kv.num_blocks;
         c.sched.max_model_len = kv.max_model_len;
@@ -274,27 +270,23 @@ private:
         size_t width = 0;
         for (const ScheduledRequest& s : so.scheduled) width = std::max(width, s.req->block_table.blocks.size());
         sb.batch.reserve((int)so.scheduled.size(), (int)width);
-        for (const ScheduledRequest& s : so.scheduled)
-            if (add_to_batch(sb.batch, s)) sb.sampled.push_back(s.req);
+        for (const ScheduledRequest& s : so.scheduled) {
+            // Only a chunk that reaches the end of its sequence yields a token.
+            Request* r = s.req;
+            const int first = r->num_computed_tokens;
+            const bool reaches_end = first + s.num_new_tokens == r->num_tokens();
+            sb.batch.add_sequence(r->block_table.blocks, cfg_.block_size, r->tokens.data() + first, first, s.num_new_tokens, reaches_end);
+            if (!reaches_end) continue;
+            sb.sampled.push_back(r);
+            sb.batch.logits_seed.push_back(r->params.seed);
+            sb.batch.logits_output_index.push_back(r->num_output_tokens());
+        }
         // All greedy: the runner returns each row's argmax, computed where the
         // logits are (on a GPU, one int per row comes back instead of a row).
         // A runner that produces tokens itself is asked the same way.
         for (const Request* r : sb.sampled) sb.all_greedy = sb.all_greedy && r->params.temperature == 0.0f;
         sb.all_greedy = sb.all_greedy || runner_->produces_tokens();
         return sb;
-    }
-    // One request's tokens into `b`; true if its next token is sampled this
-    // step. Only a chunk that reaches the end of the sequence yields a token.
-    bool add_to_batch(ForwardBatch& b, const ScheduledRequest& s) const {
-        const Request& r = *s.req;
-        const int first = r.num_computed_tokens;
-        const bool reaches_end = first + s.num_new_tokens == r.num_tokens();
-        b.add_sequence(r.block_table.blocks, cfg_.block_size, r.tokens.data() + first, first, s.num_new_tokens, reaches_end);
-        if (reaches_end) {
-            b.logits_seed.push_back(r.params.seed);
-            b.logits_output_index.push_back(r.num_output_tokens());
-        }
-        return reaches_end;
     }
 
     // (c) The forward pass fills logits_ (or greedy_) with one row per entry
@@ -386,19 +378,14 @@ private:
         if (on_event) on_event(e);
     }
 
-    // Metrics as one consistent snapshot per step: finished requests' blocks
-    // are back in the pool; the scheduler's counters (it is where preemptions
-    // and prefix-cache hits happen) and the policy's are copied in.
+    // Metrics as one consistent snapshot per step, taken when finished
+    // requests' blocks are back in the pool; requests a policy holds count as
+    // waiting, and its own counters are copied in too.
     void end_step() {
         const SchedulerStats& s = sched_.stats();
-        metrics_.num_steps++;
-        metrics_.num_preemptions_total = s.num_preemptions_total;
-        metrics_.prefix_cache_queries = s.prefix_cache_queries;
-        metrics_.prefix_cache_hits = s.prefix_cache_hits;
-        metrics_.kv_cache_usage_perc = pool_.kv_cache_usage_perc();
-        metrics_.max_kv_cache_usage_perc = std::max(metrics_.max_kv_cache_usage_perc, metrics_.kv_cache_usage_perc);
-        metrics_.num_requests_running = (int)sched_.running().size();
-        metrics_.num_requests_waiting = (int)(sched_.waiting().size() + sched_.policy().num_held());
+        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(),
+                             (int)(sched_.waiting().size() + sched_.policy().num_held()), s.num_preemptions_total,
+                             s.prefix_cache_queries, s.prefix_cache_hits);
         sched_.policy().report(metrics_);
         clock_->on_step_end();
         if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());

@@ -115,6 +115,19 @@ struct Metrics {
         e2e_request_latency.add(e2e_seconds);
         request_preemptions.add(num_preemptions);
     }
+    // A step ended: the gauges as of now, the peak of KV usage, and the
+    // counters the scheduler keeps (it is where preemptions and prefix-cache
+    // hits happen), copied in.
+    void on_step_end(double kv_usage, int running, int waiting, long preemptions, long cache_queries, long cache_hits) {
+        num_steps++;
+        kv_cache_usage_perc = kv_usage;
+        max_kv_cache_usage_perc = std::max(max_kv_cache_usage_perc, kv_usage);
+        num_requests_running = running;
+        num_requests_waiting = waiting;
+        num_preemptions_total = preemptions;
+        prefix_cache_queries = cache_queries;
+        prefix_cache_hits = cache_hits;
+    }
 };
 
 // ============================================================================

@@ -22,8 +22,9 @@
 // the engine sizes the KV cache (from its config and what memory_for_kv_cache()
 // says is available) and calls init_kv_cache() once; then forward() every step.
 //
-// Sections: 1. devices and the machine's memory  2. the interface, and
-// sizing the KV cache (size_kv_cache)  3. the swap slot layout  4. CpuRunner.
+// Sections: 1. devices and the machine's memory  2. the interface, a step's
+// forward pass with failures isolated (forward_isolating), and sizing the KV
+// cache (size_kv_cache)  3. the swap slot layout  4. CpuRunner.
 #pragma once
 
 #include <algorithm>

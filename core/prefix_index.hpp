@@ -5,9 +5,9 @@
 // a chained hash of its tokens (core/prefix_cache.hpp says how it is made).
 // This header is the map from that name to the block, and what each named
 // block remembers of its contents. The block pool (core/block_pool.hpp) owns
-// one index and tells it two things: a block left the free list to be
-// reused (evict: its old contents are about to be overwritten), and asks
-// one: does this block hold something findable (cached: then a freed block
+// one index. It tells the index one thing: a block left the free list to be
+// reused (evict: its old contents are about to be overwritten); and asks it
+// one: does this block hold something findable (cached: then the freed block
 // goes to the tail of the free list, to be evicted last).
 //
 // A name survives its block going back to the free list ("lazy eviction"):
@@ -36,6 +36,11 @@ struct PrefixEntry {
     std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
 };
 
+// Two views of one relation, kept in step: the map answers lookup's question
+// ("which block holds this name?"), the entries answer eviction's ("what
+// name does this block hold?"). A block is cached exactly when the map
+// points back at it: core/block_pool_check.hpp checks that after every step
+// in the tests.
 class PrefixIndex {
 public:
     PrefixIndex() = default;
@@ -80,7 +85,8 @@ public:
     }
 
     // The pool hands block `id` out again: its contents are about to be
-    // overwritten, so its name goes. (Only the pool calls this.)
+    // overwritten, so its name goes. (Only the pool calls this.) A block that
+    // stayed uncached (an older block holds its hash) has nothing to drop.
     void evict(int32_t id) {
         PrefixEntry& e = entries_[(size_t)id];
         if (!e.has_hash) return;

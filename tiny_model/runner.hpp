@@ -204,6 +204,7 @@ inline std::vector<std::string> forward_isolating(ModelRunner& runner, const For
         run(b, logits, tokens);
         return failed;
     } catch (const std::exception&) {
+        // Which sequence? Each one alone says, below.
     }
     const size_t V = (size_t)runner.model_config().vocab_size;
     logits.assign(b.logits_indices.size() * V, 0.0f);

@@ -57,17 +57,17 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // caching a free block may still hold useful cached tokens; when a request
 // hits it, we must pull it out of the *middle* of the list in O(1).
 //
-// The list is also the eviction order: allocation pops from the head; a
-// freed block the prefix cache can find (PrefixIndex::cached) goes to the *tail*, to be evicted
-// last (LRU among cached blocks); one without (a partial block, or every
-// block when prefix caching is off) goes to the *head*: it holds nothing
-// anyone can find, so handing it out first keeps cached ones alive. A
-// request's blocks are freed last logical block first (section 2), so a
-// prompt's tail is evicted before its head, which is what other requests
-// share. vLLM V1 does the same (BlockPool.free_blocks, read at commit
-// c59cb79: blocks without a hash prepend_n, cached ones append_n, whatever
-// enable_caching says, so with caching off every freed block goes to the
-// head); earlier V1 versions appended every freed block to the tail.
+// The list is also the eviction order: allocation pops from the head; a freed
+// block the prefix cache can find (PrefixIndex::cached) goes to the *tail*, to
+// be evicted last (LRU among cached blocks); one without (a partial block, or
+// every block when prefix caching is off) goes to the *head*: it holds nothing
+// anyone can find, so handing it out first keeps cached ones alive. A request's
+// blocks are freed last logical block first (section 2), so a prompt's tail is
+// evicted before its head, which is what other requests share. vLLM V1 does the
+// same (BlockPool.free_blocks, read at commit c59cb79: blocks without a hash
+// prepend_n, cached ones append_n, whatever enable_caching says, so with
+// caching off every freed block goes to the head); earlier V1 versions appended
+// every freed block to the tail.
 
 struct KVBlock {
     int32_t ref_cnt = 0;
@@ -113,10 +113,10 @@ public:
     bool allocate(int n, std::vector<int32_t>& out) {
         if (n < 0) throw std::invalid_argument("BlockPool::allocate: negative count");
         // ---- exercise 2 begin: the LRU free list ----
-        // All or nothing: refuse (return false) before touching anything.
-        // Then n times: take the block at free_head_ off the list
-        // (unlink_free), drop the name it may still carry in the prefix index
-        // (index_.evict: a cached block is evicted only now, when it is reused), give it one
+        // All or nothing: refuse (return false) before touching anything. Then
+        // n times: take the block at free_head_ off the list (unlink_free),
+        // drop the name it may still carry in the prefix index (index_.evict: a
+        // cached block is evicted only now, when it is reused), give it one
         // reference, append its id to `out`.
         if (n > num_free_) return false;
         for (int i = 0; i < n; ++i) {
@@ -145,13 +145,13 @@ public:
     }
 
     // Drop one reference on each block, in the order given. Callers pass a
-    // block table in reverse so that its tail is evicted first (section 2).
-    // A block whose count reaches zero joins the free list, its name in the
-    // prefix index kept: a cached block at the tail, in the order given; an uncached one at the
-    // head, also in the order given (so the first one given is handed out
-    // first). Releasing a block nobody holds is a bookkeeping bug somewhere
-    // above us (a table freed twice): we stop it here rather than let the
-    // count go negative and the free list silently lose a block.
+    // block table in reverse so that its tail is evicted first (section 2). A
+    // block whose count reaches zero joins the free list, its name in the
+    // prefix index kept: a cached block at the tail, in the order given; an
+    // uncached one at the head, also in the order given (so the first one given
+    // is handed out first). Releasing a block nobody holds is a bookkeeping bug
+    // somewhere above us (a table freed twice): we stop it here rather than let
+    // the count go negative and the free list silently lose a block.
     void release(const std::vector<int32_t>& ids_in_free_order) {
         // ---- exercise 2 begin: the LRU free list ----
         // First refuse a double free: no id may appear more often than its

@@ -62,8 +62,9 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
     // ---- exercise 3 begin: chained hashes and the prefix lookup ----
     // Walk the full blocks of `tokens` from the first: hash each with its
     // parent's hash (kRootHash for block 0), look it up in the pool's index
-    // (pool.prefix_index(): lookup, hash_mask), stop at the first miss. Never hit the block holding the last token: at most
-    // (num_tokens - 1) / block_size blocks. Nothing without prefix caching.
+    // (pool.prefix_index(): lookup, hash_mask), stop at the first miss. Never
+    // hit the block holding the last token: at most (num_tokens - 1) /
+    // block_size blocks. Nothing without prefix caching.
     std::vector<int32_t> hits;
     if (!pool.prefix_caching() || num_tokens <= 0) return hits;
     const PrefixIndex& index = pool.prefix_index();

@@ -8,8 +8,9 @@
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
 #   make sanitize   the library, door and fuzz suites (and the programs they run) under
 #                   -fsanitize=address,undefined (build/asan)
-#   make check-headers  each header compiles alone; block_pool.hpp, prefix_index.hpp,
-#                   prefix_cache.hpp, scheduler.hpp are plain C++; no reserved names defined
+#   make check-headers  each header compiles alone; block_pool.hpp, free_block_queue.hpp,
+#                   prefix_index.hpp, prefix_cache.hpp, scheduler.hpp are plain C++; no
+#                   reserved names defined
 #   make check-clang  every source through clang++'s front end, -Werror (its warnings)
 #   make bench      the CPU benchmark
 #   make vs-runc    our generate against llama2.c's run.c -Ofast, whole runs on one thread,

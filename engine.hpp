@@ -171,9 +171,13 @@ public:
     // vLLM V1 there is no "prefill step" and "decode step": a step mixes
     // decodes, prefill chunks and recomputes. Returns the tokens computed.
     int step() {
-        StepScope scope(*this);
+        in_step_ = true;  // abort() from a callback now defers (see abort)
+        struct Reset { bool& f; ~Reset() { f = false; } } reset{in_step_};  // even if a phase throws
         SchedulerOutput so = sched_.schedule();
-        copy_swapped_blocks(so);
+        // A policy that swaps (lab/policies.hpp) asks for block copies before the
+        // forward pass: a victim's freed blocks keep its K/V until the pass writes them.
+        runner_->apply_swaps(so.swap_out, so.swap_in);
+        metrics_.on_swap(so.swap_out.size(), so.swap_in.size(), block_bytes());
         const double t = clock_->now();
         for (const auto& [list, type] : {std::pair{&so.preempted, EventType::kPreempted}, std::pair{&so.resumed, EventType::kResumed}})
             for (Request* r : *list)
@@ -192,16 +196,14 @@ public:
         // abort directly again.
         for (int id : pending_aborts_) sched_.abort(id, clock_->now());
         pending_aborts_.clear();
-        scope.close();
+        in_step_ = false;
         end_step();
         return so.total_num_scheduled_tokens;
     }
 
     // The offline loop (examples/overload); a server instead steps while
     // requests keep arriving (examples/serve.cpp).
-    void run_until_done() {
-        while (has_unfinished()) step();
-    }
+    void run_until_done() { while (has_unfinished()) step(); }
 
     // "" when the pool agrees with every block table (core/block_pool_check.hpp)
     // and the scheduling policy with itself. Randomized tests call it every step.
@@ -231,15 +233,6 @@ private:
 
     // ---- step phases ---------------------------------------------------------------
 
-    // in_step_ is true while a step runs, so that abort() from a callback is
-    // deferred; this resets it even when a phase throws.
-    struct StepScope {
-        Engine& e;
-        explicit StepScope(Engine& eng) : e(eng) { e.in_step_ = true; }
-        void close() { e.in_step_ = false; }
-        ~StepScope() { e.in_step_ = false; }
-    };
-
     // One step's working set: the scheduler's decision, the flat batch built
     // from it, and which requests get a logits row (only those whose chunk
     // reaches the end of their sequence sample a token).
@@ -250,15 +243,6 @@ private:
         std::vector<char> failed;       // [so.scheduled.size()] its forward pass failed (isolated)
         bool all_greedy = true;         // then greedy_ holds the argmax of each row, not logits_
     };
-
-    // A policy that swaps (lab/policies.hpp) asks for block copies before the
-    // forward pass: a victim's freed blocks keep its K/V until it writes them.
-    void copy_swapped_blocks(const SchedulerOutput& so) {
-        if (!so.swap_out.empty()) runner_->swap_out(so.swap_out);
-        if (!so.swap_in.empty()) runner_->swap_in(so.swap_in);
-        metrics_.swap_out_bytes += (long)so.swap_out.size() * (long)block_bytes();
-        metrics_.swap_in_bytes += (long)so.swap_in.size() * (long)block_bytes();
-    }
 
     // (b) Each request contributes tokens [num_computed, num_computed + n) of
     // prompt + outputs: one for a decode, many for a prefill chunk or a
@@ -340,12 +324,7 @@ private:
             // The coin depends only on (seed, output index), never on the step
             // or the batch: a recomputed request draws the same coin for its
             // k-th token as it would have without preemption (sampler.hpp).
-            // Greedy needs no coin, so we skip the hashing.
-            int token = sb.all_greedy ? greedy_[i] : 0;
-            if (!sb.all_greedy) {
-                const float coin = r.params.temperature == 0.0f ? 0.0f : coin_for(r.params.seed, out_index);
-                token = sample_token(logits_.data() + i * V, V, r.params.temperature, r.params.top_p, coin, scratch_);
-            }
+            const int token = sb.all_greedy ? greedy_[i] : sample_request_token(logits_.data() + i * V, V, r.params, out_index, scratch_);
             r.tokens.push_back(token);
             metrics_.on_token(t, r.arrival_time, r.last_token_time);  // TTFT, or the gap (a pause included)
             if (r.first_token_time < 0) r.first_token_time = t;
@@ -374,18 +353,14 @@ private:
     }
 
     bool abort_pending(int id) const { return std::find(pending_aborts_.begin(), pending_aborts_.end(), id) != pending_aborts_.end(); }
-    void emit(const StreamEvent& e) {
-        if (on_event) on_event(e);
-    }
+    void emit(const StreamEvent& e) { if (on_event) on_event(e); }
 
     // Metrics as one consistent snapshot per step, taken when finished
     // requests' blocks are back in the pool; requests a policy holds count as
     // waiting, and its own counters are copied in too.
     void end_step() {
-        const SchedulerStats& s = sched_.stats();
         metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(),
-                             (int)(sched_.waiting().size() + sched_.policy().num_held()), s.num_preemptions_total,
-                             s.prefix_cache_queries, s.prefix_cache_hits);
+                             (int)(sched_.waiting().size() + sched_.policy().num_held()), sched_.stats());
         sched_.policy().report(metrics_);
         clock_->on_step_end();
         if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());
@@ -401,7 +376,7 @@ private:
     Clock* clock_;       // &wall_clock_ unless the caller supplied one
     Metrics metrics_;
     ThroughputLog log_;
-    bool in_step_ = false;
+    bool in_step_ = false;                         // while step() runs: abort() defers
     std::vector<int> pending_aborts_;              // ids aborted from a callback during this step
     std::vector<float> logits_;                    // [num sampled, vocab]
     std::vector<int32_t> greedy_;                  // [num sampled] argmax, when all are greedy

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -43,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/metrics.hpp"       // SchedulerStats, and Metrics for a policy's report()
 #include "core/prefix_cache.hpp"  // (and core/block_pool.hpp)
 #include "tiny_model/sampler.hpp"  // SamplingParams
 
@@ -68,13 +70,9 @@ namespace pkv {
 enum class RequestState { kWaiting, kRunning, kPreempted, kFinished };
 enum class FinishReason { kNone, kStop, kMaxTokens, kMaxModelLen, kAborted, kRejected, kError };
 
-inline const char* to_string(RequestState s) {
-    static const char* const names[] = {"waiting", "running", "preempted", "finished"};
-    return names[(int)s];
-}
+inline const char* to_string(RequestState s) { return std::array{"waiting", "running", "preempted", "finished"}[(size_t)s]; }
 inline const char* to_string(FinishReason r) {
-    static const char* const names[] = {"none", "stop", "max_tokens", "max_model_len", "aborted", "rejected", "error"};
-    return names[(int)r];
+    return std::array{"none", "stop", "max_tokens", "max_model_len", "aborted", "rejected", "error"}[(size_t)r];
 }
 
 // Prompt and output share one token vector, so "what the model must have
@@ -161,15 +159,6 @@ struct SchedulerOutput {
     std::vector<std::pair<int32_t, int32_t>> swap_out, swap_in;
 };
 
-// The scheduler's counters, read by the engine through Scheduler::stats().
-struct SchedulerStats {
-    long num_preemptions_total = 0;
-    // In tokens, as vLLM counts them, for admissions that happened (not once
-    // per step spent waiting at the head of the queue).
-    long prefix_cache_queries = 0;  // tokens looked up at admission
-    long prefix_cache_hits = 0;     // tokens served from cache at admission
-};
-
 // ============================================================================
 // 3. The seam: where other policies plug in
 // ============================================================================
@@ -182,7 +171,6 @@ struct SchedulerStats {
 //   whom do we refuse at once?   nobody who can ever fit (shed)
 // lab/policies.hpp answers otherwise (swap, reservation, fair victims,
 // shedding). The scheduler calls them only at the places marked [seam].
-struct Metrics;  // core/metrics.hpp: report() writes the policy's own counters
 struct SchedulerPolicy {
     virtual ~SchedulerPolicy() = default;
     // add_request: "" to queue the request, or why it is refused now (a
@@ -199,16 +187,13 @@ struct SchedulerPolicy {
     virtual bool resume(Scheduler&, SchedulerOutput&, int& /*budget*/) { return true; }
     // Admitting `req`: tokens' worth of blocks that must be free, tokens to
     // allocate now, blocks to leave free beyond them. `card` is the card's answer.
-    struct Admit {
-        int must_hold, alloc_tokens;
-        int64_t keep_free;
-    };
+    struct Admit { int must_hold, alloc_tokens; int64_t keep_free; };
     virtual Admit admission(const Scheduler&, const Request&, Admit card) { return card; }
     // abort(): let go of a request the policy holds (true if it held it).
     virtual bool forget(Request&) { return false; }
     virtual size_t num_held() const { return 0; }  // held requests count as waiting
     virtual std::string check_invariants(const Scheduler&) const { return ""; }  // "" = fine
-    virtual void report(Metrics&) const {}  // its counters, into the engine's metrics
+    virtual void report(Metrics&) const {}  // its own counters, into the engine's metrics (core/metrics.hpp)
 };
 
 // ============================================================================
@@ -395,11 +380,9 @@ public:
 
 private:
     void reject(Request& req, const std::string& why, bool retryable, double now) {
-        req.state = RequestState::kFinished;
-        req.finish_reason = FinishReason::kRejected;
         req.reject_reason = why;
         req.retryable = retryable;
-        req.finish_time = now;
+        retire(req, FinishReason::kRejected, now);  // it holds no blocks yet
     }
 
     // Leave running_ (if there) and free every block; the caller took it out of waiting_.

@@ -5,9 +5,10 @@
 // is the bookkeeping on top, and nothing else: plain C++, no keys or values,
 // no CUDA. Sections: 1. the block pool: a free list that is also an LRU
 // queue, and reference counts; 2. block tables: growing a request's table,
-// freeing it tail first. Prefix caching's index of which block holds which
-// tokens is core/prefix_index.hpp (the pool owns one); how a full block gets
-// its name, and how a new request finds its cached prefix, core/prefix_cache.hpp.
+// freeing it tail first. The pool owns two helpers: the free list's queue
+// (core/free_block_queue.hpp) and prefix caching's index of which block holds
+// which tokens (core/prefix_index.hpp); how a full block gets its name, and
+// how a new request finds its cached prefix, is core/prefix_cache.hpp.
 //
 // A sequence never owns contiguous memory; it owns a list of block ids, its
 // *block table*. Position p lives in logical block p / block_size, which the
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/free_block_queue.hpp"
 #include "core/prefix_index.hpp"
 
 namespace pkv {
@@ -50,12 +52,9 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 //
 // Every physical block is either referenced (ref_cnt > 0: held by that many
 // block tables, more than one only when prefix caching shares a prefix) or
-// free (ref_cnt == 0, linked into the free list).
-//
-// The free list is doubly linked *through the blocks themselves* (prev/next
-// ids in each block), as vLLM V1's FreeKVCacheBlockQueue. Why? With prefix
-// caching a free block may still hold useful cached tokens; when a request
-// hits it, we must pull it out of the *middle* of the list in O(1).
+// free (ref_cnt == 0, in the free list). With prefix caching a free block may
+// still hold useful cached tokens; a request that hits it pulls it out of the
+// *middle* of the list, in O(1) (core/free_block_queue.hpp says how).
 //
 // The list is also the eviction order: allocation pops from the head; a freed
 // block the prefix cache can find (PrefixIndex::cached) goes to the *tail*, to
@@ -64,39 +63,35 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 // anyone can find, so handing it out first keeps cached ones alive. A request's
 // blocks are freed last logical block first (section 2), so a prompt's tail is
 // evicted before its head, which is what other requests share. vLLM V1 does the
-// same (BlockPool.free_blocks, read at commit c59cb79: blocks without a hash
-// prepend_n, cached ones append_n, whatever enable_caching says, so with
-// caching off every freed block goes to the head); earlier V1 versions appended
-// every freed block to the tail.
+// same (BlockPool.free_blocks at commit c59cb79: blocks without a hash to the
+// head, cached ones to the tail); earlier V1 versions appended all to the tail.
 
+// What the pool itself keeps per block: how many block tables hold it.
+// (vLLM's KVCacheBlock also carries the free-list links and the hash; ours
+// live in FreeBlockQueue and PrefixIndex.)
 struct KVBlock {
     int32_t ref_cnt = 0;
-    // Free-list links (block ids), -1 at the ends or when not in the list.
-    int32_t prev_free = -1;
-    int32_t next_free = -1;
-    bool in_free_list = false;
 };
 
 class BlockPool {
 public:
     BlockPool() = default;
     BlockPool(int num_blocks, int block_size, bool enable_prefix_caching)
-        : block_size_(block_size), prefix_caching_(enable_prefix_caching), index_(std::max(num_blocks, 0), block_size) {
+        : block_size_(block_size), prefix_caching_(enable_prefix_caching), free_(num_blocks), index_(std::max(num_blocks, 0), block_size) {
         if (num_blocks < 1) throw std::invalid_argument("BlockPool: num_blocks must be >= 1");
         if (block_size < 1 || block_size > kMaxBlockSize)
             throw std::invalid_argument("BlockPool: block_size must be in 1.." + std::to_string(kMaxBlockSize));
         blocks_.resize((size_t)num_blocks);
         // Initially every block is free, in id order.
-        for (int32_t b = 0; b < num_blocks; ++b) push_free_tail(b);
+        for (int32_t b = 0; b < num_blocks; ++b) free_.push_back(b);
     }
 
     int num_blocks() const { return (int)blocks_.size(); }
     int block_size() const { return block_size_; }
-    int num_free_blocks() const { return num_free_; }
+    int num_free_blocks() const { return free_.size(); }
     bool prefix_caching() const { return prefix_caching_; }
     const KVBlock& block(int32_t id) const { return blocks_.at((size_t)id); }
-    int32_t free_list_head() const { return free_head_; }
-    int32_t free_list_tail() const { return free_tail_; }
+    const FreeBlockQueue& free_list() const { return free_; }
     // What prefix caching can find in the pool's blocks (core/prefix_index.hpp).
     PrefixIndex& prefix_index() { return index_; }
     const PrefixIndex& prefix_index() const { return index_; }
@@ -104,7 +99,7 @@ public:
     // vLLM's gauge: fraction of blocks held by some request. Free blocks that
     // still carry a cached hash count as free (they can be taken any time).
     double kv_cache_usage_perc() const {
-        return blocks_.empty() ? 0.0 : 1.0 - (double)num_free_ / (double)blocks_.size();
+        return blocks_.empty() ? 0.0 : 1.0 - (double)free_.size() / (double)blocks_.size();
     }
 
     // Take `n` blocks from the head of the free list (least recently freed first).
@@ -114,14 +109,14 @@ public:
         if (n < 0) throw std::invalid_argument("BlockPool::allocate: negative count");
         // ---- exercise 2 begin: the LRU free list ----
         // All or nothing: refuse (return false) before touching anything. Then
-        // n times: take the block at free_head_ off the list (unlink_free),
+        // n times: take the block at the front off the list (free_.remove),
         // drop the name it may still carry in the prefix index (index_.evict: a
         // cached block is evicted only now, when it is reused), give it one
         // reference, append its id to `out`.
-        if (n > num_free_) return false;
+        if (n > free_.size()) return false;
         for (int i = 0; i < n; ++i) {
-            int32_t b = free_head_;
-            unlink_free(b);
+            const int32_t b = free_.front();
+            free_.remove(b);
             index_.evict(b);  // lazy eviction happens here, at reuse time
             blocks_[b].ref_cnt = 1;
             out.push_back(b);
@@ -138,27 +133,25 @@ public:
         // count the new reference. checked(b, "touch") validates the id.
         for (int32_t b : ids) {
             KVBlock& blk = checked(b, "touch");
-            if (blk.ref_cnt == 0) unlink_free(b);
+            if (blk.ref_cnt == 0) free_.remove(b);
             blk.ref_cnt++;
         }
         // ---- exercise 2 end ----
     }
 
-    // Drop one reference on each block, in the order given. Callers pass a
-    // block table in reverse so that its tail is evicted first (section 2). A
-    // block whose count reaches zero joins the free list, its name in the
-    // prefix index kept: a cached block at the tail, in the order given; an
-    // uncached one at the head, also in the order given (so the first one given
-    // is handed out first). Releasing a block nobody holds is a bookkeeping bug
-    // somewhere above us (a table freed twice): we stop it here rather than let
-    // the count go negative and the free list silently lose a block.
+    // Drop one reference on each block. A block whose count reaches zero joins
+    // the free list by the rule above, its name in the prefix index kept; each
+    // end receives its blocks in the order given (callers pass a table in
+    // reverse: section 2). Releasing a block nobody holds is a bookkeeping bug
+    // above us (a table freed twice): we stop it here rather than let the
+    // count go negative and the free list silently lose a block.
     void release(const std::vector<int32_t>& ids_in_free_order) {
         // ---- exercise 2 begin: the LRU free list ----
         // First refuse a double free: no id may appear more often than its
         // ref_cnt (throw std::logic_error, and change nothing). Then drop one
         // reference per id; a block reaching zero goes to the tail
-        // (push_free_tail) if it is cached (index_.cached), else to the head
-        // (push_free_head), both groups keeping the order given.
+        // (free_.push_back) if it is cached (index_.cached), else to the head
+        // (free_.push_front), both groups keeping the order given.
         std::vector<int32_t> sorted(ids_in_free_order);  // to count repeats of one id
         std::sort(sorted.begin(), sorted.end());
         for (size_t i = 0, n = 1; i < sorted.size(); ++i, ++n) {
@@ -170,11 +163,11 @@ public:
         std::vector<int32_t> to_head;  // [uncached blocks freed] in the order given
         for (int32_t b : ids_in_free_order) {
             if (--blocks_[b].ref_cnt > 0) continue;
-            if (index_.cached(b)) push_free_tail(b);
+            if (index_.cached(b)) free_.push_back(b);
             else to_head.push_back(b);
         }
         // Pushing onto the head reverses order, so push the last one first.
-        for (auto it = to_head.rbegin(); it != to_head.rend(); ++it) push_free_head(*it);
+        for (auto it = to_head.rbegin(); it != to_head.rend(); ++it) free_.push_front(*it);
         // ---- exercise 2 end ----
     }
 
@@ -185,38 +178,11 @@ private:
                                     std::to_string(num_blocks() - 1));
         return blocks_[b];
     }
-    void push_free_tail(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        blk.prev_free = free_tail_;
-        blk.next_free = -1;
-        if (free_tail_ != -1) blocks_[free_tail_].next_free = b; else free_head_ = b;
-        free_tail_ = b;
-        blk.in_free_list = true;
-        ++num_free_;
-    }
-    void push_free_head(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        blk.prev_free = -1;
-        blk.next_free = free_head_;
-        if (free_head_ != -1) blocks_[free_head_].prev_free = b; else free_tail_ = b;
-        free_head_ = b;
-        blk.in_free_list = true;
-        ++num_free_;
-    }
-    void unlink_free(int32_t b) {
-        KVBlock& blk = blocks_[b];
-        if (blk.prev_free != -1) blocks_[blk.prev_free].next_free = blk.next_free; else free_head_ = blk.next_free;
-        if (blk.next_free != -1) blocks_[blk.next_free].prev_free = blk.prev_free; else free_tail_ = blk.prev_free;
-        blk.prev_free = blk.next_free = -1;
-        blk.in_free_list = false;
-        --num_free_;
-    }
     int block_size_ = 0;
     bool prefix_caching_ = false;
-    PrefixIndex index_;           // which blocks prefix caching can find, and by what name
+    FreeBlockQueue free_;          // the free blocks: front = next handed out
+    PrefixIndex index_;            // which blocks prefix caching can find, and by what name
     std::vector<KVBlock> blocks_;  // [num_blocks]
-    int32_t free_head_ = -1, free_tail_ = -1;
-    int num_free_ = 0;
 };
 
 // ============================================================================

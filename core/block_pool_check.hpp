@@ -20,7 +20,7 @@ namespace pkv {
 // Check `pool` against the block tables that are supposed to be its only
 // users. Returns "" when consistent, else a description of the first
 // violation:
-//   - every block is free xor referenced (in_free_list <=> ref_cnt == 0);
+//   - every block is free xor referenced (in the free list <=> ref_cnt == 0);
 //   - each ref_cnt equals the number of block tables holding the block;
 //   - the free list is a well-formed chain of num_free_blocks() distinct blocks;
 //   - no table holds a block twice; every hash map entry points at a block
@@ -42,21 +42,21 @@ inline std::string check_invariants(const BlockPool& pool, const std::vector<con
         if (blk.ref_cnt != holders[b])
             return "block " + std::to_string(b) + " ref_cnt " + std::to_string(blk.ref_cnt) + " but held by " +
                    std::to_string(holders[b]) + " tables";
-        if (blk.in_free_list != (blk.ref_cnt == 0))
+        if (pool.free_list().contains(b) != (blk.ref_cnt == 0))
             return "block " + std::to_string(b) + " free-list membership disagrees with ref_cnt";
     }
     std::vector<char> seen(n, 0);
     int count = 0;
     int32_t prev = -1;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) {
+    for (int32_t b = pool.free_list().front(); b != -1; b = pool.free_list().next(b)) {
         if (b < 0 || b >= n || seen[b]) return "free list is corrupt (cycle or bad id) at block " + std::to_string(b);
-        if (pool.block(b).prev_free != prev) return "free list back link broken at block " + std::to_string(b);
-        if (!pool.block(b).in_free_list) return "block " + std::to_string(b) + " linked but not marked free";
+        if (pool.free_list().prev(b) != prev) return "free list back link broken at block " + std::to_string(b);
+        if (!pool.free_list().contains(b)) return "block " + std::to_string(b) + " linked but not marked free";
         seen[b] = 1;
         prev = b;
         ++count;
     }
-    if (prev != pool.free_list_tail()) return "free list tail pointer is wrong";
+    if (prev != pool.free_list().back()) return "free list tail pointer is wrong";
     if (count != pool.num_free_blocks())
         return "free list has " + std::to_string(count) + " blocks, counter says " + std::to_string(pool.num_free_blocks());
     // Every hash map entry must point at a block that carries its hash.

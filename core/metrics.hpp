@@ -8,8 +8,8 @@
 // inter-token latency p99 far above p50, because the first token after a pause
 // carries the whole pause.
 //
-// Sections: 1. latency samples  2. the Metrics snapshot  3. the log line
-// 4. Prometheus text.
+// Sections: 1. latency samples  2. the scheduler's counters and the Metrics
+// snapshot  3. the log line  4. Prometheus text.
 #pragma once
 
 #include <algorithm>
@@ -54,8 +54,19 @@ struct LatencySamples {
 };
 
 // ============================================================================
-// 2. The snapshot the engine keeps up to date
+// 2. The scheduler's counters, and the snapshot the engine keeps up to date
 // ============================================================================
+
+// Counted where they happen, in the scheduler (Scheduler::stats()), and
+// copied into Metrics once per step. vLLM keeps its SchedulerStats beside its
+// metrics too (vllm/v1/metrics/stats.py).
+struct SchedulerStats {
+    long num_preemptions_total = 0;
+    // In tokens, as vLLM counts them, for admissions that happened (not once
+    // per step spent waiting at the head of the queue).
+    long prefix_cache_queries = 0;  // tokens looked up at admission
+    long prefix_cache_hits = 0;     // tokens served from cache at admission
+};
 
 struct Metrics {
     // Counters (vLLM names, without the vllm: prefix).
@@ -115,18 +126,23 @@ struct Metrics {
         e2e_request_latency.add(e2e_seconds);
         request_preemptions.add(num_preemptions);
     }
+    // A step's swap copies (a swapping policy's): blocks each way, block_bytes each.
+    void on_swap(size_t blocks_out, size_t blocks_in, size_t block_bytes) {
+        swap_out_bytes += (long)(blocks_out * block_bytes);
+        swap_in_bytes += (long)(blocks_in * block_bytes);
+    }
     // A step ended: the gauges as of now, the peak of KV usage, and the
     // counters the scheduler keeps (it is where preemptions and prefix-cache
     // hits happen), copied in.
-    void on_step_end(double kv_usage, int running, int waiting, long preemptions, long cache_queries, long cache_hits) {
+    void on_step_end(double kv_usage, int running, int waiting, const SchedulerStats& s) {
         num_steps++;
         kv_cache_usage_perc = kv_usage;
         max_kv_cache_usage_perc = std::max(max_kv_cache_usage_perc, kv_usage);
         num_requests_running = running;
         num_requests_waiting = waiting;
-        num_preemptions_total = preemptions;
-        prefix_cache_queries = cache_queries;
-        prefix_cache_hits = cache_hits;
+        num_preemptions_total = s.num_preemptions_total;
+        prefix_cache_queries = s.prefix_cache_queries;
+        prefix_cache_hits = s.prefix_cache_hits;
     }
 };
 

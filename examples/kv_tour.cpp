@@ -24,7 +24,7 @@ std::string list(const std::vector<int32_t>& v) {
 // The free list from head (next to be handed out) to tail.
 std::string free_list(const pkv::BlockPool& pool) {
     std::vector<int32_t> ids;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) ids.push_back(b);
+    for (int32_t b = pool.free_list().front(); b != -1; b = pool.free_list().next(b)) ids.push_back(b);
     return list(ids);
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Each header is a chapter that must stand on its own:
 #   1. every header compiles alone (it includes what it uses);
-#   2. block_pool.hpp, prefix_index.hpp, prefix_cache.hpp and scheduler.hpp
-#      pull in nothing of the CUDA shim (no cuda_shim.hpp, no <thread>, no
+#   2. block_pool.hpp, free_block_queue.hpp, prefix_index.hpp, prefix_cache.hpp
+#      and scheduler.hpp pull in nothing of the CUDA shim (no cuda_shim.hpp, no <thread>, no
 #      <barrier>): the engine's bookkeeping is plain C++;
 #   3. the two tiers: the reference never includes lab/ or examples/, and a
 #      reference header is at most 550 lines;
@@ -29,7 +29,7 @@ for f in "$tmp"/*.fail; do
     echo "check_headers: $(cat "$f") does not compile on its own:"; head -5 "${f%.fail}.log"; fail=1
 done
 rm -rf "$tmp"
-for h in core/block_pool.hpp core/prefix_index.hpp core/prefix_cache.hpp scheduler.hpp; do
+for h in core/block_pool.hpp core/free_block_queue.hpp core/prefix_index.hpp core/prefix_cache.hpp scheduler.hpp; do
     inc=$(printf '#include "%s"\n' "$h" | "$cxx" -std=c++20 -I. -x c++ -E -H - 2>&1 >/dev/null | grep -E 'cuda_shim\.hpp|/thread$|/barrier$|paged_kv\.cuh' || true)
     if [ -n "$inc" ]; then echo "check_headers: $h pulls in the CUDA shim or its threads:"; echo "$inc"; fail=1; fi
 done
@@ -49,8 +49,9 @@ for h in $reference; do
 done
 path_lines=$(cat core/block_pool.hpp scheduler.hpp engine.hpp | wc -l)
 echo "check_headers: the key question's reading path (core/block_pool.hpp + scheduler.hpp + engine.hpp) is $path_lines lines;" \
-     "prefix caching's index and hashing (core/prefix_index.hpp, core/prefix_cache.hpp) add $(cat core/prefix_index.hpp core/prefix_cache.hpp | wc -l)"
+     "the free list's queue (core/free_block_queue.hpp) adds $(wc -l < core/free_block_queue.hpp)," \
+     "prefix caching's index and hashing (core/prefix_index.hpp, core/prefix_cache.hpp) $(cat core/prefix_index.hpp core/prefix_cache.hpp | wc -l)"
 bad=$(grep -nE '^[[:space:]]*#[[:space:]]*define[[:space:]]+(__|_[A-Z])' $headers || true)
 if [ -n "$bad" ]; then echo "check_headers: reserved names defined:"; echo "$bad"; fail=1; fi
-[ $fail -eq 0 ] && echo "check_headers: $(echo $headers | wc -w) headers compile alone; block_pool.hpp, prefix_index.hpp, prefix_cache.hpp and scheduler.hpp are plain C++; the reference never includes lab/ or examples/; no reserved names defined"
+[ $fail -eq 0 ] && echo "check_headers: $(echo $headers | wc -w) headers compile alone; block_pool.hpp, free_block_queue.hpp, prefix_index.hpp, prefix_cache.hpp and scheduler.hpp are plain C++; the reference never includes lab/ or examples/; no reserved names defined"
 exit $fail

@@ -39,16 +39,16 @@ namespace {
 
 using Ids = std::vector<int32_t>;
 
-// The free list from head to tail, following next_free. Also verifies each
-// back link on the way, so a broken prev_free fails the test that walks it.
+// The free list from head to tail, following next(). Also verifies each
+// back link on the way, so a broken prev() link fails the test that walks it.
 Ids walk_free_list(const BlockPool& pool) {
     Ids order;
     int32_t prev = -1;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) {
+    for (int32_t b = pool.free_list().front(); b != -1; b = pool.free_list().next(b)) {
         REQUIRE(b >= 0);
         REQUIRE(b < pool.num_blocks());
         REQUIRE((int)order.size() < pool.num_blocks());  // no cycle
-        CHECK(pool.block(b).prev_free == prev);
+        CHECK(pool.free_list().prev(b) == prev);
         order.push_back(b);
         prev = b;
     }
@@ -137,6 +137,51 @@ TEST_CASE("slot_of and kv_offset follow the header's worked example") {
 // ---------------------------------------------------------------------------
 
 // A fresh pool has every block free, linked in id order, and is consistent.
+// The queue alone (core/free_block_queue.hpp): both ends, a block taken out
+// of the middle with its neighbours relinked, and the two misuses it refuses
+// (a block linked twice, a block removed that is not in it) with the queue
+// left as it was.
+TEST_CASE("FreeBlockQueue: both ends, removal from the middle, misuse refused") {
+    FreeBlockQueue q(6);
+    auto order = [&] {
+        Ids ids;
+        for (int32_t b = q.front(), prev = -1; b != -1; prev = b, b = q.next(b)) {
+            CHECK(q.prev(b) == prev);
+            ids.push_back(b);
+        }
+        return ids;
+    };
+    CHECK(q.front() == -1);
+    CHECK(q.back() == -1);
+    for (int32_t b : {2, 3, 4}) q.push_back(b);
+    q.push_front(1);
+    q.push_front(0);
+    CHECK(order() == Ids{0, 1, 2, 3, 4});
+    CHECK(q.size() == 5);
+    q.remove(2);  // the middle
+    CHECK(order() == Ids{0, 1, 3, 4});
+    CHECK_FALSE(q.contains(2));
+    CHECK(q.next(2) == -1);
+    CHECK(q.prev(2) == -1);
+    q.remove(0);  // the front
+    q.remove(4);  // the back
+    CHECK(order() == Ids{1, 3});
+    CHECK(q.front() == 1);
+    CHECK(q.back() == 3);
+    CHECK_THROWS_AS(q.push_back(3), std::logic_error);
+    CHECK_THROWS_AS(q.push_front(1), std::logic_error);
+    CHECK_THROWS_AS(q.remove(5), std::logic_error);
+    CHECK_THROWS_AS(q.remove(6), std::out_of_range);
+    CHECK_THROWS_AS(q.push_back(-1), std::out_of_range);
+    CHECK(order() == Ids{1, 3});
+    CHECK(q.size() == 2);
+    q.remove(1);
+    q.remove(3);
+    CHECK(q.size() == 0);
+    CHECK(q.front() == -1);
+    CHECK(q.back() == -1);
+}
+
 TEST_CASE("fresh pool: all blocks free in id order") {
     BlockPool pool(6, 4, true);
     CHECK(pool.num_blocks() == 6);
@@ -181,7 +226,7 @@ TEST_CASE("allocate, touch and release keep counts and usage consistent") {
     a.clear();
     CHECK(pool.block(0).ref_cnt == 1);
     CHECK(pool.block(2).ref_cnt == 0);
-    CHECK(pool.block(2).in_free_list);
+    CHECK(pool.free_list().contains(2));
     CHECK(pool.num_free_blocks() == 4);
     CHECK(pool.kv_cache_usage_perc() == doctest::Approx(0.5));
     CHECK(invariants(pool, {&b}) == "");
@@ -190,7 +235,7 @@ TEST_CASE("allocate, touch and release keep counts and usage consistent") {
     REQUIRE(pool.allocate(4, rest));
     CHECK(pool.num_free_blocks() == 0);
     CHECK(pool.kv_cache_usage_perc() == 1.0);
-    CHECK(pool.free_list_head() == -1);
+    CHECK(pool.free_list().front() == -1);
     CHECK(invariants(pool, {&b, &rest}) == "");
 
     pool.release(b);
@@ -278,7 +323,7 @@ TEST_CASE("free list order: uncached blocks to the head, cached ones to the tail
     Ids a;
     REQUIRE(pool.allocate(2, a));
     CHECK(a == Ids{0, 1});
-    CHECK(pool.free_list_head() == 2);
+    CHECK(pool.free_list().front() == 2);
     CHECK(walk_free_list(pool) == Ids{2, 3, 4, 5});
 
     pool.release({1});
@@ -358,16 +403,16 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     CHECK(walk_free_list(pool) == Ids{4, 5, 3, 1, 0});
     CHECK(pool.num_free_blocks() == 5);
     CHECK(pool.block(2).ref_cnt == 1);
-    CHECK_FALSE(pool.block(2).in_free_list);
-    CHECK(pool.block(2).prev_free == -1);
-    CHECK(pool.block(2).next_free == -1);
+    CHECK_FALSE(pool.free_list().contains(2));
+    CHECK(pool.free_list().prev(2) == -1);
+    CHECK(pool.free_list().next(2) == -1);
     CHECK(pool.prefix_index().entry(2).has_hash);  // a hit keeps its cached contents
     CHECK(pool.prefix_index().num_cached_blocks() == 4);
     CHECK(invariants(pool, {&held}) == "");
 
     pool.touch({4});  // head
     held.push_back(4);
-    CHECK(pool.free_list_head() == 5);
+    CHECK(pool.free_list().front() == 5);
     CHECK(walk_free_list(pool) == Ids{5, 3, 1, 0});
     pool.touch({0});  // tail
     held.push_back(0);

@@ -186,9 +186,10 @@ inline float runc_random_f32(uint64_t& state) {
 // k-th sampled token sees the same coin however often it is recomputed.
 // Multiplying the seed by splitmix64's golden-ratio constant spreads nearby
 // seeds far apart before the index is added, and the xor-shifts and
-// multiplies then mix the input bits into the top 24 bits that become the coin. Two requests with the same seed draw the same
-// coins, so identical prompts give identical outputs (the forward pass is
-// batch-invariant, so their neighbours in the batch do not matter).
+// multiplies then mix the input bits into the top 24 bits that become the
+// coin. Two requests with the same seed draw the same coins, so identical
+// prompts give identical outputs (the forward pass is batch-invariant, so
+// their neighbours in the batch do not matter).
 inline float coin_for(uint64_t seed, int output_index) {
     // ---- exercise 11 begin: a coin that survives preemption ----
     // A pure function: no state, no global generator. The engine's coin is
@@ -205,6 +206,16 @@ inline float coin_for(uint64_t seed, int output_index) {
     z ^= z >> 31;
     return (float)(z >> 40) * (1.0f / 16777216.0f);
     // ---- exercise 11 end ----
+}
+
+// A request's output_index-th token from its logits row (modified in place),
+// as the engine samples it: with the request's own coin for that index, never
+// the step's or the batch's, so a recomputed request draws the same coin for
+// its k-th token as it would have without preemption. Greedy needs no coin.
+inline int sample_request_token(float* logits, int n, const SamplingParams& p, int output_index,
+                                std::vector<std::pair<float, int>>& scratch) {
+    const float coin = p.temperature == 0.0f ? 0.0f : coin_for(p.seed, output_index);
+    return sample_token(logits, n, p.temperature, p.top_p, coin, scratch);
 }
 
 }  // namespace pkv

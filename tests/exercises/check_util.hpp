@@ -69,13 +69,13 @@ inline Ids run_of(int first, int n) {
     return v;
 }
 
-// The free list from head to tail, following next_free. We stop at an id
+// The free list from front to back, following next(). We stop at an id
 // that is out of range and at a list longer than the pool (a cycle), so a
 // broken list fails the check instead of crashing it. The back links are not
 // looked at here: exercise 2 checks those itself, on top of this walk.
 inline Ids walk_free_list(const BlockPool& pool) {
     Ids order;
-    for (int32_t b = pool.free_list_head(); b != -1; b = pool.block(b).next_free) {
+    for (int32_t b = pool.free_list().front(); b != -1; b = pool.free_list().next(b)) {
         REQUIRE(b >= 0);
         REQUIRE(b < pool.num_blocks());
         REQUIRE((int)order.size() < pool.num_blocks());  // no cycle

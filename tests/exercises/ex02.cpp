@@ -1,9 +1,10 @@
 // tests/exercises/ex02.cpp -- grades exercise 2, "the LRU free list"
 // (block_pool.hpp: BlockPool::allocate, touch and release).
 //
-// The free list is walked from its head through next_free after each step
-// (checking every back link on the way), and the pool's own check_invariants
-// is asked whether the counts agree with the blocks we know to be held.
+// The free list is walked from its front through free_list().next() after
+// each step (checking every back link on the way), and the pool's own
+// check_invariants is asked whether the counts agree with the blocks we know
+// to be held.
 //
 // The checks, and what each one proves:
 //   - "allocate takes blocks from the head and appends them": a fresh pool
@@ -51,8 +52,8 @@ Ids free_list(const BlockPool& pool) {
     const Ids order = walk_free_list(pool);
     int32_t prev = -1;
     for (int32_t b : order) {
-        CHECK(pool.block(b).prev_free == prev);
-        CHECK(pool.block(b).in_free_list);
+        CHECK(pool.free_list().prev(b) == prev);
+        CHECK(pool.free_list().contains(b));
         prev = b;
     }
     return order;
@@ -77,10 +78,10 @@ TEST_CASE("allocate takes blocks from the head and appends them") {
     CHECK(out == Ids{99, 0, 1, 2});
     for (int32_t b : {0, 1, 2}) {
         CHECK(pool.block(b).ref_cnt == 1);
-        CHECK_FALSE(pool.block(b).in_free_list);
+        CHECK_FALSE(pool.free_list().contains(b));
     }
     CHECK(pool.num_free_blocks() == 3);
-    CHECK(pool.free_list_head() == 3);
+    CHECK(pool.free_list().front() == 3);
     CHECK(free_list(pool) == Ids{3, 4, 5});
     Ids more;
     REQUIRE(pool.allocate(0, more));  // zero blocks: fine, nothing happens
@@ -108,7 +109,7 @@ TEST_CASE("allocate is all or nothing") {
     CHECK(pool.allocate(3, rest));  // exactly what is free
     CHECK(rest == Ids{2, 3, 4});
     CHECK(pool.num_free_blocks() == 0);
-    CHECK(pool.free_list_head() == -1);
+    CHECK(pool.free_list().front() == -1);
     Ids none;
     CHECK_FALSE(pool.allocate(1, none));
     CHECK(none.empty());
@@ -175,7 +176,7 @@ TEST_CASE("touch pulls a free block out of the middle of the list") {
     pool.touch({3});  // middle
     held.push_back(3);
     CHECK(pool.block(3).ref_cnt == 1);
-    CHECK_FALSE(pool.block(3).in_free_list);
+    CHECK_FALSE(pool.free_list().contains(3));
     CHECK(pool.num_free_blocks() == 5);
     CHECK(free_list(pool) == Ids{0, 1, 2, 4, 5});
     CHECK(consistent(pool, {&held}) == "");
@@ -184,7 +185,7 @@ TEST_CASE("touch pulls a free block out of the middle of the list") {
     held.push_back(0);
     held.push_back(5);
     CHECK(pool.num_free_blocks() == 3);
-    CHECK(pool.free_list_head() == 1);
+    CHECK(pool.free_list().front() == 1);
     CHECK(free_list(pool) == Ids{1, 2, 4});
     CHECK(consistent(pool, {&held}) == "");  // also checks the tail pointer
 
@@ -210,7 +211,7 @@ TEST_CASE("a shared block is freed by its last release only") {
     pool.release({1, 0});          // the first holder lets go of both
     CHECK(pool.block(0).ref_cnt == 0);
     CHECK(pool.block(1).ref_cnt == 1);
-    CHECK_FALSE(pool.block(1).in_free_list);
+    CHECK_FALSE(pool.free_list().contains(1));
     CHECK(free_list(pool) == Ids{0, 2, 3});
     const Ids b{1};
     CHECK(consistent(pool, {&b}) == "");

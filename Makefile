@@ -69,6 +69,16 @@ EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst l
 TOOLS    := $(patsubst tools/%.cpp,%,$(wildcard tools/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
+# The test suites build at -Og: under half of -O2's compile time, the suite
+# runs only seconds longer, and gdb can step through them. The suites whose
+# claims are about the optimized code (bit-identical logits on every SIMD level
+# and thread split, llama2.c parity) or that run engines for seconds (the
+# scheduler's scale runs, the studies) build at $(OPT) like the programs, which
+# always do. Any other OPT (the sanitizer and debug builds, `make OPT=...`)
+# applies to every suite alike; nvcc builds set their own.
+TEST_OPT   ?= $(if $(filter -O2,$(OPT)),-Og)
+OPT_SUITES := test_model test_cpu_speed test_scheduler test_studies
+test_opt    = $(if $(filter $(OPT_SUITES),$*),,$(TEST_OPT))
 # doctest comes from Debian's doctest-dev. When it is not installed,
 # tests/get_doctest.sh installs it (as root) or unpacks the Debian package into
 # build/deps/include (otherwise), which is always on the include path.
@@ -108,12 +118,12 @@ $(BUILD)/%: tools/%.cpp $(HEADERS) $(wildcard tools/*.hpp)
 
 $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(test_opt) -c $< -o $@
 
 # tests/test_serve.cpp talks HTTP: it needs the HTTP libraries too.
 $(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(test_opt) $(HTTP_CFLAGS) -c $< -o $@
 
 $(BUILD)/tests: $(TEST_OBJS) | check-httpdeps
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(HTTP_LIBS)

@@ -78,7 +78,7 @@ inline const pkv::Model& small_engine_model(uint64_t seed) {
     return it->second;
 }
 
-// The sanitizer build (`make sanitize`, -O1 with ASan and UBSan): a few tests
+// The sanitizer build (`make sanitize`, -O0 with ASan and UBSan): a few tests
 // run smaller workloads there; everything else is the same.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kSanitized = true;
@@ -90,6 +90,19 @@ constexpr bool kSanitized = false;
 #endif
 #else
 constexpr bool kSanitized = false;
+#endif
+// The ThreadSanitizer build (`make tsan`, the kernel suites at -O1): there
+// what matters is that every kernel runs under it, not how many tokens do.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kThreadSanitized = true;
+#else
+constexpr bool kThreadSanitized = false;
+#endif
+#else
+constexpr bool kThreadSanitized = false;
 #endif
 
 // ---------------------------------------------------------------------------

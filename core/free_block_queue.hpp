@@ -40,10 +40,13 @@ public:
     void push_front(int32_t b) { insert(b, -1, head_); }
 
     // Take b out from wherever it stands: its neighbours link to each other
-    // (or the queue's ends move), and b is left unlinked.
+    // (or the queue's ends move), and b is left unlinked. No search: b's own
+    // links name both neighbours, which is the whole point of the list.
     void remove(int32_t b) {
         Links& l = at(b);
         if (!l.in_queue) throw std::logic_error("FreeBlockQueue::remove: block " + std::to_string(b) + " is not in the queue");
+        // Each line picks the one link that pointed at b -- a neighbour's, or
+        // the queue's own end when b stood there -- and points it past b.
         (l.prev != -1 ? links_[(size_t)l.prev].next : head_) = l.next;
         (l.next != -1 ? links_[(size_t)l.next].prev : tail_) = l.prev;
         l = Links{};
@@ -56,13 +59,16 @@ private:
         bool in_queue = false;
     };
 
-    // Link b between `prev` and `next` (neighbours, or -1 for an end).
+    // Link b between `prev` and `next` (neighbours, or -1 for an end):
+    // push_back is insert(b, back, -1), push_front insert(b, -1, front).
     void insert(int32_t b, int32_t prev, int32_t next) {
         Links& l = at(b);
         // A block freed twice would otherwise be linked twice and the list
         // would lose its shape; the pool refuses double frees before this.
         if (l.in_queue) throw std::logic_error("FreeBlockQueue: block " + std::to_string(b) + " is already in the queue");
         l = Links{prev, next, true};
+        // The two links that now point at b: prev's next (or the head, when b
+        // goes first) and next's prev (or the tail, when b goes last).
         (prev != -1 ? links_[(size_t)prev].next : head_) = b;
         (next != -1 ? links_[(size_t)next].prev : tail_) = b;
         ++size_;
@@ -73,7 +79,7 @@ private:
                                     std::to_string((int64_t)links_.size() - 1));
         return links_[(size_t)b];
     }
-    Links& at(int32_t b) { return const_cast<Links&>(static_cast<const FreeBlockQueue&>(*this).at(b)); }
+    Links& at(int32_t b) { return const_cast<Links&>(static_cast<const FreeBlockQueue&>(*this).at(b)); }  // the same, writable
 
     std::vector<Links> links_;  // [num_blocks] each block's place in the queue
     int32_t head_ = -1, tail_ = -1;

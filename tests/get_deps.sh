@@ -50,14 +50,14 @@ write_flags() {
     local pc=$1 libdir=$2
     local cflags
     cflags=$(sed -n 's/^Cflags:\(.*\)$/\1/p' "$pc" | tr ' ' '\n' | grep '^-D' | tr '\n' ' ')
-    printf '%s\n' "$cflags" > "$deps/http.flags"
-    if [ -n "$libdir" ]; then
-        # RPATH (not RUNPATH): it also finds the libraries libcpp-httplib.so
-        # needs itself when those were unpacked here too.
-        printf '%s\n' "-L$libdir -Wl,--disable-new-dtags,-rpath,$libdir -lcpp-httplib -pthread" > "$deps/http.libs"
-    else
-        printf '%s\n' "-lcpp-httplib -pthread" > "$deps/http.libs"
-    fi
+    local libs="-lcpp-httplib -pthread"
+    # RPATH (not RUNPATH): it also finds the libraries libcpp-httplib.so
+    # needs itself when those were unpacked here too.
+    [ -n "$libdir" ] && libs="-L$libdir -Wl,--disable-new-dtags,-rpath,$libdir $libs"
+    # Written aside and renamed into place: a build running beside us (CI runs
+    # several makes at once) reads the old file or the new one, never half.
+    printf '%s\n' "$cflags" > "$deps/http.flags.$$" && mv -f "$deps/http.flags.$$" "$deps/http.flags"
+    printf '%s\n' "$libs" > "$deps/http.libs.$$" && mv -f "$deps/http.libs.$$" "$deps/http.libs"
 }
 
 system_pc() { ls /usr/lib/*/pkgconfig/cpp-httplib.pc /usr/lib/pkgconfig/cpp-httplib.pc 2>/dev/null | head -1; }

@@ -525,7 +525,7 @@ TEST_CASE("paged_attention kernel matches paged_attention_ref") {
                                  p.token_seq.data(), p.positions.data(), p.num_tokens, p.s);
         // The baseline first: tools/tsan_demo.sh runs this test to find its barrier.
         for (const pkv::AttentionKernel kernel : kBothKernels) {
-            INFO("kernel " << pkv::to_string(kernel));
+            INFO("kernel " << std::string(pkv::to_string(kernel)));
             const std::vector<float> got = run_paged_attention_kernel(p, kernel);
             REQUIRE(got.size() == want.size());
             const Mismatches m = compare_outputs(got, want, kAbsTol, kRelTol, worst_abs);
@@ -553,7 +553,7 @@ TEST_CASE("paged_attention rejects unsupported shapes") {
     };
     for (const pkv::AttentionKernel kernel : kBothKernels)
         for (const pkv::AttentionShape& s : bad_shapes) {
-            INFO(pkv::to_string(kernel) << ": n_heads " << s.n_heads << ", n_kv_heads " << s.n_kv_heads << ", head_dim " << s.head_dim);
+            INFO(std::string(pkv::to_string(kernel)) << ": n_heads " << s.n_heads << ", n_kv_heads " << s.n_kv_heads << ", head_dim " << s.head_dim);
             CHECK_THROWS_AS(pkv::paged_attention(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, s, kernel),
                             std::invalid_argument);
         }
@@ -1107,7 +1107,7 @@ TEST_CASE("kernel runner matches CpuRunner on the built-in model") {
     // step 3: each kernel runs on every layer all the same, in half the time.
     const int decode_steps = pkv_test::kThreadSanitized ? 4 : 8;
     for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
-        INFO("attention kernel " << pkv::to_string(a));
+        INFO("attention kernel " << std::string(pkv::to_string(a)));
         compare_cpu_and_kernel_runners(mt.model, 16, decode_steps, 101, kLogitTol, false, a);
     }
 }
@@ -1118,7 +1118,7 @@ TEST_CASE("kernel runner matches CpuRunner on a small random model") {
     const pkv::Model m = small_random_model(77);
     REQUIRE(m.cfg.head_dim() == 8);
     for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
-        INFO("attention kernel " << pkv::to_string(a));
+        INFO("attention kernel " << std::string(pkv::to_string(a)));
         compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true, a);
     }
 }

@@ -163,7 +163,7 @@ TEST_CASE("int8 store keeps each element within half a quantization step") {
 TEST_CASE("attention over each dtype equals attention over its dequantized values") {
     std::mt19937 rng(9);
     for (KVDtype dt : {KVDtype::kF32, KVDtype::kF16, KVDtype::kInt8}) {
-        CAPTURE(to_string(dt));
+        INFO("kv dtype " << std::string(to_string(dt)));
         const int nb = 12, bs = 4, nkv = 2, hd = 16, nh = 4, T = 6;
         FilledCaches c = fill(dt, nb, bs, nkv, hd, rng);
         std::vector<int32_t> tables = {3, 7, 1, 9, 0, 5, 11, 2, 4, 6, 8, 10};  // 2 sequences x 6 blocks
@@ -197,7 +197,7 @@ TEST_CASE("attention over each dtype equals attention over its dequantized value
         dseq.upload(seq);
         dpos.upload(pos);
         for (AttentionKernel kernel : {AttentionKernel::kBaseline, AttentionKernel::kPartitioned}) {
-            CAPTURE(to_string(kernel));
+            INFO("kernel " << std::string(to_string(kernel)));
             paged_attention(dout.data(), dq.data(), kview, vview, dt_tab.data(), dseq.data(), dpos.data(), T, s, kernel);
             std::vector<float> out_k(q.size());
             dout.download(out_k.data(), out_k.size());
@@ -264,7 +264,7 @@ TEST_CASE("a byte budget sizes the pool by dtype") {
 // Determinism holds per dtype: preempted (recompute or swap) == ample cache.
 TEST_CASE("preemption and swap reproduce an ample run with f16 and int8 caches") {
     for (KVDtype dt : {KVDtype::kF16, KVDtype::kInt8}) {
-        CAPTURE(to_string(dt));
+        INFO("kv dtype " << std::string(to_string(dt)));
         const EngineRun ample = run_engine(dt, 300, Preemption::kRecompute);
         CHECK(ample.metrics.num_preemptions_total == 0);
         const EngineRun rec = run_engine(dt, 20, Preemption::kRecompute);
@@ -285,7 +285,7 @@ TEST_CASE("kernel path matches the CPU for each dtype") {
     }
     const Device kernels = std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated;
     for (KVDtype dt : {KVDtype::kF16, KVDtype::kInt8}) {
-        CAPTURE(to_string(dt));
+        INFO("kv dtype " << std::string(to_string(dt)));
         const EngineRun cpu = run_engine(dt, 40, Preemption::kRecompute, Device::kCpu, 3, 8);
         const EngineRun dev = run_engine(dt, 40, Preemption::kRecompute, kernels, 3, 8);
         CHECK(dev.tokens == cpu.tokens);

@@ -250,6 +250,8 @@ private:
     // carries its own position and block table row (ForwardBatch).
     StepBatch build_batch(const SchedulerOutput& so) {
         StepBatch sb{so, {}, {}, std::vector<char>(so.scheduled.size(), 0), true};
+        // Block-table rows only for a runner that reads them (a simulated GPU
+        // does not), each as wide as the longest table: one allocation a step.
         sb.batch.with_tables = runner_->needs_block_tables();
         size_t width = 0;
         for (const ScheduledRequest& s : so.scheduled) width = std::max(width, s.req->block_table.blocks.size());

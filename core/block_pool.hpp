@@ -19,9 +19,10 @@
 //   block_table[]        [  7   ,     2   ,   5  ]
 //
 // The scheduler grows tables with allocate_slots() and frees them with
-// free_blocks(); a simulated or swapping runner never sees this file. vLLM
-// splits the same work between block_pool.py (the free queue and the hash
-// map) and kv_cache_manager.py (tables and prefix lookup).
+// free_blocks(); no model runner calls any of it (tiny_model/forward_batch.hpp
+// borrows blocks_for_tokens alone). vLLM splits the same work between
+// block_pool.py (the free queue and the hash map) and kv_cache_manager.py
+// (tables and prefix lookup).
 #pragma once
 
 #include <algorithm>

@@ -80,27 +80,20 @@ inline const pkv::Model& small_engine_model(uint64_t seed) {
 
 // The sanitizer build (`make sanitize`, -O0 with ASan and UBSan): a few tests
 // run smaller workloads there; everything else is the same.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
+#ifdef __has_feature  // clang (and newer GCC); GCC 12 says it with __SANITIZE_*__
+#define PKV_TEST_HAS_FEATURE(x) __has_feature(x)
 #else
-constexpr bool kSanitized = false;
+#define PKV_TEST_HAS_FEATURE(x) 0
 #endif
+#if defined(__SANITIZE_ADDRESS__) || PKV_TEST_HAS_FEATURE(address_sanitizer)
+constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
 #endif
 // The ThreadSanitizer build (`make tsan`, the kernel suites at -O1): there
 // what matters is that every kernel runs under it, not how many tokens do.
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || PKV_TEST_HAS_FEATURE(thread_sanitizer)
 constexpr bool kThreadSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitized = true;
-#else
-constexpr bool kThreadSanitized = false;
-#endif
 #else
 constexpr bool kThreadSanitized = false;
 #endif

@@ -181,9 +181,10 @@ struct ModelRunner {
     // (device block, host slot) pairs. Section 3 gives a slot's layout.
     virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
     virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
-    // One step's copies, as a swapping policy asked for them: out before in,
-    // since a block a victim just gave up may be where a resumed request's
-    // K/V come back to.
+    // One step's copies, as a swapping policy asked for them, out before in:
+    // a block a victim gave up is copied out before anything is copied into
+    // it. (lab/policies.hpp never does both in one step; the order makes it
+    // safe for a policy that does.)
     void apply_swaps(const std::vector<std::pair<int32_t, int32_t>>& out, const std::vector<std::pair<int32_t, int32_t>>& in) {
         if (!out.empty()) swap_out(out);
         if (!in.empty()) swap_in(in);

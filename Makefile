@@ -78,7 +78,8 @@ TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
 # applies to every suite alike; nvcc builds set their own.
 TEST_OPT   ?= $(if $(filter -O2,$(OPT)),-Og)
 OPT_SUITES := test_model test_cpu_speed test_scheduler test_studies
-test_opt    = $(if $(filter $(OPT_SUITES),$*),,$(TEST_OPT))
+# (by the object's name: $* would be a path in test_serve.o's own rule)
+test_opt    = $(if $(filter $(OPT_SUITES),$(basename $(notdir $@))),,$(TEST_OPT))
 # doctest comes from Debian's doctest-dev. When it is not installed,
 # tests/get_doctest.sh installs it (as root) or unpacks the Debian package into
 # build/deps/include (otherwise), which is always on the include path.

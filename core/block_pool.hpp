@@ -190,22 +190,12 @@ private:
 // 2. Block tables: growth and tail-first free
 // ============================================================================
 //
-// A block table belongs to one request. `num_hashed` counts its leading blocks
-// already registered in the prefix cache, and `last_hash` is the chained hash of
-// the last of them, so registering the next full block is O(block_size)
-// (cache_full_blocks, core/prefix_cache.hpp).
-
-// The parent hash of a sequence's first block.
-constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+// A block table belongs to one request: the blocks that hold its positions,
+// in logical order. (Which of them prefix caching has named is the prefix
+// index's business, per block: core/prefix_index.hpp.)
 
 struct BlockTable {
     std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
-    int num_hashed = 0;
-    uint64_t last_hash = kRootHash;
-    // Set when a block's hash turned out to belong to a block with other
-    // contents (a collision): nothing after it in this table can be cached,
-    // because its chained hash would vouch for a prefix it does not have.
-    bool chain_broken = false;
 };
 
 // How many of `hits` sit in the free list. A hit on such a block still
@@ -229,18 +219,12 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     // Count what is missing: blocks_for_tokens(num_tokens) minus what the
     // table and the hits already give. Refuse (false, nothing changed) if the
     // free list cannot supply the missing blocks plus the hits that sit in it
-    // (num_free_hits). Otherwise touch the hits, append them, continue the
-    // hash chain from the last hit (num_hashed, last_hash), then allocate.
+    // (num_free_hits). Otherwise touch the hits, append them, then allocate.
     const int64_t have = (int64_t)table.blocks.size() + (int64_t)hits.size();
     const int64_t need_new = std::max<int64_t>(0, blocks_for_tokens(num_tokens, pool.block_size()) - have);
     if (need_new + num_free_hits(pool, hits) > pool.num_free_blocks()) return false;
     pool.touch(hits);
     table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
-    if (!hits.empty()) {
-        // Hit blocks are already hashed; continue the chain from the last one.
-        table.num_hashed = (int)hits.size();
-        table.last_hash = pool.prefix_index().entry(hits.back()).block_hash;
-    }
     pool.allocate((int)need_new, table.blocks);
     return true;
     // ---- exercise 4 end ----
@@ -250,7 +234,7 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
 // evicted before the shared heads), and leave the table empty.
 inline void free_blocks(BlockPool& pool, BlockTable& table) {
     // ---- exercise 4 begin: block table growth ----
-    // Release in reverse logical order, then reset the table completely.
+    // Release in reverse logical order, then leave the table empty.
     std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
     pool.release(reversed);
     table = BlockTable{};

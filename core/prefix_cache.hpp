@@ -90,32 +90,38 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
 // Register every block of `table` that is full of computed tokens. `tokens` are
 // the sequence's tokens (prompt then outputs); `num_computed` how many of them
 // have K/V written. Called after each forward step when prefix caching is on.
-inline void cache_full_blocks(BlockPool& pool, BlockTable& table, const int32_t* tokens, int num_computed) {
+// Blocks are registered in logical order, so the registered ones lead the
+// table (its prefix hits among them); the work each call is the full blocks
+// after them, usually none or one. A table can be registered again after a
+// preemption: its new blocks start unregistered, its hits do not.
+inline void cache_full_blocks(BlockPool& pool, const BlockTable& table, const int32_t* tokens, int num_computed) {
     // ---- exercise 3 begin: chained hashes and the prefix lookup ----
-    // Register blocks num_hashed .. (num_computed / block_size) - 1 in the
-    // pool's index (pool.prefix_index().cache_block), each hashed from
-    // table.last_hash, then advance last_hash and num_hashed. If
-    // the lookup of what you just cached does not find it (another block owns
-    // that hash with other contents), set chain_broken and stop for good.
-    if (!pool.prefix_caching() || table.chain_broken) return;
+    // Find the first full block not registered yet (index.registered), going
+    // back from the last full one. Its parent hash is the block_hash of the
+    // block before it (kRootHash for block 0); stop at once if that block is
+    // kBroken. Then register each full block from there in order
+    // (index.cache_block), each hashed with its parent's hash; stop for good
+    // at a block that comes back kBroken (a collision).
+    if (!pool.prefix_caching()) return;
     PrefixIndex& index = pool.prefix_index();
     const int bs = pool.block_size();
     const int num_full = num_computed / bs;
     if (num_computed < 0 || (size_t)num_full > table.blocks.size())
         throw std::invalid_argument("cache_full_blocks: " + std::to_string(num_computed) + " computed tokens, but the table holds " +
                                     std::to_string(table.blocks.size()) + " blocks of " + std::to_string(bs));
-    for (int i = table.num_hashed; i < num_full; ++i) {
+    int i = num_full;
+    while (i > 0 && !index.registered(table.blocks[(size_t)i - 1])) --i;
+    uint64_t parent = kRootHash;
+    if (i > 0) {
+        const PrefixEntry& before = index.entry(table.blocks[(size_t)i - 1]);
+        if (before.state == PrefixState::kBroken) return;
+        parent = before.block_hash;
+    }
+    for (; i < num_full; ++i) {
         const int32_t* blk_tokens = tokens + (size_t)i * bs;
-        uint64_t h = hash_block_tokens(table.last_hash, blk_tokens, bs, index.hash_mask);
-        index.cache_block(table.blocks[i], h, table.last_hash, blk_tokens);
-        // The hash now names this block or an identical one (two requests
-        // computed the same prefix) -- unless it collided with other contents.
-        if (index.lookup(h, table.last_hash, blk_tokens) < 0) {
-            table.chain_broken = true;
-            return;
-        }
-        table.last_hash = h;
-        table.num_hashed = i + 1;
+        const uint64_t h = hash_block_tokens(parent, blk_tokens, bs, index.hash_mask);
+        if (index.cache_block(table.blocks[(size_t)i], h, parent, blk_tokens) == PrefixState::kBroken) return;
+        parent = h;
     }
     // ---- exercise 3 end ----
 }

@@ -22,15 +22,15 @@
 //     cache_full_blocks registers nothing.
 //   - "cache full blocks registers only full computed blocks": partial blocks
 //     and uncomputed tokens are never registered; each full block gets the
-//     chained hash of its tokens under the previous block's hash, and
-//     num_hashed and last_hash follow; a repeated call changes nothing.
+//     chained hash of its tokens under the previous block's hash, in
+//     logical order; a repeated call changes nothing.
 //   - "a duplicate of a cached block continues the chain": a second table
-//     holding the same tokens registers nothing for them (one block per hash)
-//     but is not broken: its next, new block is registered under the chain.
+//     holding the same tokens names none of them (one block per hash), they
+//     are twins, and its next, new block is named under the chain.
 //   - "a hash collision breaks the chain for good": with hash_mask 0 every
-//     hash collides; a block whose hash names other contents sets chain_broken,
-//     registers nothing, and the table stays unregistered even once the
-//     colliding entry is gone.
+//     hash collides; a block whose hash names other contents is kBroken,
+//     named nothing, and nothing after it is named even once the colliding
+//     entry is gone.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,7 +65,16 @@ uint64_t chain_hash(std::initializer_list<Ids> blocks, int bs, uint64_t mask = ~
 void put(BlockPool& pool, int32_t id, uint64_t parent, const Ids& toks) {
     const uint64_t h = hash_block_tokens(parent, toks.data(), pool.block_size(), pool.prefix_index().hash_mask);
     pool.prefix_index().cache_block(id, h, parent, toks.data());
-    REQUIRE(pool.prefix_index().entry(id).has_hash);
+    REQUIRE(pool.prefix_index().cached(id));
+}
+
+// What registering table block `i` recorded (core/prefix_index.hpp).
+PrefixState state_of(const BlockPool& pool, const BlockTable& t, size_t i) { return pool.prefix_index().entry(t.blocks.at(i)).state; }
+// How many of the table's blocks are registered (they lead the table).
+int num_registered(const BlockPool& pool, const BlockTable& t) {
+    int n = 0;
+    for (int32_t b : t.blocks) n += pool.prefix_index().registered(b);
+    return n;
 }
 
 Ids hits_of(const BlockPool& pool, const Ids& toks) { return find_cached_prefix(pool, toks.data(), (int)toks.size()); }
@@ -98,7 +107,7 @@ TEST_CASE("a cached chain is found block by block in logical order") {
     Ids again;
     REQUIRE(pool.allocate(1, again));
     REQUIRE(again == Ids{0});
-    REQUIRE(pool.prefix_index().entry(4).has_hash);
+    REQUIRE(pool.prefix_index().cached(4));
     CHECK(hits_of(pool, concat({A, B, C, {7}})) == Ids{3});
 }
 
@@ -146,11 +155,9 @@ TEST_CASE("nothing is found or cached without prefix caching") {
     REQUIRE(pool.allocate(2, t.blocks));  // blocks 2 and 3
     const Ids toks = concat({B, C});
     cache_full_blocks(pool, t, toks.data(), 8);
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-    CHECK_FALSE(t.chain_broken);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
+    CHECK(num_registered(pool, t) == 0);
+    CHECK_FALSE(pool.prefix_index().cached(2));
+    CHECK_FALSE(pool.prefix_index().cached(3));
     CHECK(pool.prefix_index().num_cached_blocks() == 1u);
 }
 
@@ -164,38 +171,35 @@ TEST_CASE("cache full blocks registers only full computed blocks") {
 
     cache_full_blocks(pool, t, toks.data(), 3);  // block 0 not full yet
     CHECK(pool.prefix_index().num_cached_blocks() == 0u);
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
+    CHECK(num_registered(pool, t) == 0);
 
     cache_full_blocks(pool, t, toks.data(), 7);  // block 0 full, block 1 not
     const uint64_t h0 = chain_hash({A}, 4);
     CHECK(pool.prefix_index().num_cached_blocks() == 1u);
-    CHECK(t.num_hashed == 1);
-    CHECK(t.last_hash == h0);
-    CHECK(pool.prefix_index().entry(1).has_hash);
+    CHECK(num_registered(pool, t) == 1);
+    CHECK(state_of(pool, t, 0) == PrefixState::kNamed);
+    CHECK(pool.prefix_index().cached(1));
     CHECK(pool.prefix_index().entry(1).block_hash == h0);
     CHECK(pool.prefix_index().entry(1).parent_hash == kRootHash);
     CHECK(pool.prefix_index().entry(1).tokens == A);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK_FALSE(pool.prefix_index().cached(2));
 
     cache_full_blocks(pool, t, toks.data(), 14);  // blocks 1 and 2 fill; block 3 is partial
     const uint64_t h1 = chain_hash({A, B}, 4), h2 = chain_hash({A, B, C}, 4);
     CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    CHECK(t.num_hashed == 3);
-    CHECK(t.last_hash == h2);
+    CHECK(num_registered(pool, t) == 3);
     CHECK(pool.prefix_index().entry(2).block_hash == h1);
     CHECK(pool.prefix_index().entry(2).parent_hash == h0);
     CHECK(pool.prefix_index().entry(2).tokens == B);
     CHECK(pool.prefix_index().entry(3).block_hash == h2);
     CHECK(pool.prefix_index().entry(3).parent_hash == h1);
     CHECK(pool.prefix_index().entry(3).tokens == C);
-    CHECK_FALSE(pool.prefix_index().entry(4).has_hash);
-    CHECK_FALSE(t.chain_broken);
+    CHECK_FALSE(pool.prefix_index().registered(4));
 
     cache_full_blocks(pool, t, toks.data(), 14);  // again: nothing new
     CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    CHECK(t.num_hashed == 3);
-    CHECK(t.last_hash == h2);
+    CHECK(num_registered(pool, t) == 3);
+    CHECK(pool.prefix_index().entry(3).block_hash == h2);
     // And the lookup finds the chain, capped below the last token.
     CHECK(hits_of(pool, toks) == Ids{1, 2, 3});
     std::vector<const Ids*> tables{&other, &t.blocks};
@@ -212,19 +216,20 @@ TEST_CASE("a duplicate of a cached block continues the chain") {
     REQUIRE(pool.prefix_index().num_cached_blocks() == 2u);
 
     // b computed the same two blocks itself: they stay uncached (one block per
-    // hash), yet b's chain goes on from the same hashes.
+    // hash), twins, yet b's chain goes on from the same hashes.
     cache_full_blocks(pool, b, tb.data(), 8);
-    CHECK_FALSE(b.chain_broken);
-    CHECK(b.num_hashed == 2);
-    CHECK(b.last_hash == chain_hash({A, B}, 4));
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
+    CHECK(state_of(pool, b, 0) == PrefixState::kTwin);
+    CHECK(state_of(pool, b, 1) == PrefixState::kTwin);
+    CHECK(pool.prefix_index().entry(3).block_hash == chain_hash({A, B}, 4));
+    CHECK_FALSE(pool.prefix_index().cached(2));
+    CHECK_FALSE(pool.prefix_index().cached(3));
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
 
     // Its third block is new: registered, as the child of [A, B].
     cache_full_blocks(pool, b, tb.data(), 12);
-    CHECK(b.num_hashed == 3);
-    CHECK(pool.prefix_index().entry(4).has_hash);
+    CHECK(num_registered(pool, b) == 3);
+    CHECK(state_of(pool, b, 2) == PrefixState::kNamed);
+    CHECK(pool.prefix_index().cached(4));
     CHECK(pool.prefix_index().entry(4).parent_hash == chain_hash({A, B}, 4));
     CHECK(pool.prefix_index().entry(4).block_hash == chain_hash({A, B, X}, 4));
     CHECK(hits_of(pool, tb) == Ids{0, 1, 4});
@@ -238,16 +243,15 @@ TEST_CASE("a hash collision breaks the chain for good") {
     REQUIRE(pool.allocate(2, b.blocks));  // 1, 2
     const Ids ta{1, 2, 9}, tb{3, 4, 5, 6};
     cache_full_blocks(pool, a, ta.data(), 2);
-    REQUIRE(pool.prefix_index().entry(0).has_hash);
+    REQUIRE(pool.prefix_index().cached(0));
     REQUIRE(pool.prefix_index().entry(0).block_hash == 0u);
 
     // b's first block hashes to 0 too, with other tokens: a collision.
     cache_full_blocks(pool, b, tb.data(), 4);
-    CHECK(b.chain_broken);
-    CHECK(b.num_hashed == 0);
-    CHECK(b.last_hash == kRootHash);
-    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK(state_of(pool, b, 0) == PrefixState::kBroken);
+    CHECK_FALSE(pool.prefix_index().registered(2));  // nothing after the break
+    CHECK_FALSE(pool.prefix_index().cached(1));
+    CHECK_FALSE(pool.prefix_index().cached(2));
     CHECK(pool.prefix_index().num_cached_blocks() == 1u);
     CHECK(hits_of(pool, Ids{3, 4, 5}).empty());  // and no lookup returns a's block for it
     CHECK(hits_of(pool, Ids{1, 2, 5}) == Ids{0});
@@ -259,9 +263,9 @@ TEST_CASE("a hash collision breaks the chain for good") {
     REQUIRE(pool.allocate(pool.num_free_blocks(), all));
     REQUIRE(pool.prefix_index().num_cached_blocks() == 0u);
     cache_full_blocks(pool, b, tb.data(), 4);
-    CHECK(b.chain_broken);
-    CHECK(b.num_hashed == 0);
-    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK(state_of(pool, b, 0) == PrefixState::kBroken);
+    CHECK_FALSE(pool.prefix_index().registered(2));
+    CHECK_FALSE(pool.prefix_index().cached(1));
+    CHECK_FALSE(pool.prefix_index().cached(2));
     CHECK(pool.prefix_index().num_cached_blocks() == 0u);
 }

@@ -12,10 +12,9 @@
 //     smaller request keeps the table as it is.
 //   - "a table that cannot grow is left as it was": asking for two blocks
 //     more when one is free fails and changes neither the table nor the pool.
-//   - "prefix hits come first and continue the hash chain": a new table
-//     starts with its hits (taking a reference on each), then new blocks;
-//     num_hashed and last_hash name the last hit, so the next registration
-//     chains from it.
+//   - "prefix hits come first": a new table starts with its hits (taking a
+//     reference on each, leaving their names as they are), then new blocks,
+//     which start unregistered.
 //   - "hits sitting in the free list count against capacity": two free hits
 //     plus two new blocks do not fit in three free blocks (nothing changes,
 //     the hits stay free and cached); two hits plus one new block do.
@@ -26,9 +25,8 @@
 //     with every block cached they join the tail, tail block first, so the
 //     table's first block is evicted last.
 //   - "free blocks empties the table for reuse": the table is back to an
-//     empty one (no blocks, num_hashed 0, the root hash, not broken), and
-//     every block goes back exactly once, shared ones keeping their other
-//     holder.
+//     empty one, and every block goes back exactly once, shared ones
+//     keeping their other holder and their names.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -71,7 +69,7 @@ std::vector<uint64_t> cache_chain(BlockPool& pool, const Ids& ids, const Ids& to
         const int32_t* t = toks.data() + i * (size_t)bs;
         const uint64_t h = hash_block_tokens(parent, t, bs, pool.prefix_index().hash_mask);
         pool.prefix_index().cache_block(ids[i], h, parent, t);
-        REQUIRE(pool.prefix_index().entry(ids[i]).has_hash);
+        REQUIRE(pool.prefix_index().cached(ids[i]));
         hashes.push_back(h);
         parent = h;
     }
@@ -93,7 +91,6 @@ TEST_CASE("a table grows by whole blocks only when it must") {
         CHECK(pool.num_free_blocks() == 8 - (int)want_blocks[i]);
     }
     CHECK(t.blocks == Ids{6, 2, 7, 0});  // in free-list order
-    CHECK(t.num_hashed == 0);
     for (int32_t b : t.blocks) CHECK(pool.block(b).ref_cnt == 1);
     CHECK(consistent(pool, {&t}) == "");
 }
@@ -122,7 +119,7 @@ TEST_CASE("a table that cannot grow is left as it was") {
     CHECK(consistent(pool, {&a, &b}) == "");
 }
 
-TEST_CASE("prefix hits come first and continue the hash chain") {
+TEST_CASE("prefix hits come first") {
     BlockPool pool(8, 2, true);
     BlockTable owner;
     REQUIRE(allocate_slots(pool, owner, {}, 6));  // blocks 0, 1, 2
@@ -138,24 +135,19 @@ TEST_CASE("prefix hits come first and continue the hash chain") {
     CHECK(t.blocks[3] == 4);
     CHECK(pool.block(0).ref_cnt == 2);
     CHECK(pool.block(1).ref_cnt == 2);
-    CHECK(t.num_hashed == 2);
-    CHECK(t.last_hash == h[1]);
-    CHECK(t.last_hash == hash_block_tokens(hash_block_tokens(kRootHash, toks.data(), 2, ~0ull), toks.data() + 2, 2, ~0ull));
-    CHECK_FALSE(t.chain_broken);
+    CHECK(pool.prefix_index().entry(1).block_hash == h[1]);  // the hits keep their names
+    CHECK(h[1] == hash_block_tokens(hash_block_tokens(kRootHash, toks.data(), 2, ~0ull), toks.data() + 2, 2, ~0ull));
+    CHECK_FALSE(pool.prefix_index().registered(3));  // new blocks start unregistered
+    CHECK_FALSE(pool.prefix_index().registered(4));
     CHECK(pool.num_free_blocks() == 3);
     CHECK(consistent(pool, {&owner, &t}) == "");
 
     // Growing later is ordinary growth: hits only for an empty table.
     REQUIRE(allocate_slots(pool, t, {}, 9));
     CHECK(t.blocks.size() == 5u);
-    CHECK(t.num_hashed == 2);
-    CHECK(t.last_hash == h[1]);
-
-    // With no hits the chain starts at the root.
-    BlockTable fresh;
-    REQUIRE(allocate_slots(pool, fresh, {}, 1));
-    CHECK(fresh.num_hashed == 0);
-    CHECK(fresh.last_hash == kRootHash);
+    CHECK(t.blocks[4] == 5);
+    CHECK(pool.prefix_index().cached(0));
+    CHECK(pool.prefix_index().cached(1));
 }
 
 TEST_CASE("hits sitting in the free list count against capacity") {
@@ -173,8 +165,6 @@ TEST_CASE("hits sitting in the free list count against capacity") {
     BlockTable t;
     CHECK_FALSE(allocate_slots(pool, t, {0, 1}, 13));  // 2 free hits + 2 new > 3 free
     CHECK(t.blocks.empty());
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
     CHECK(pool.num_free_blocks() == 3);
     CHECK(walk_free_list(pool) == free_before);
     CHECK(pool.block(0).ref_cnt == 0);
@@ -183,7 +173,6 @@ TEST_CASE("hits sitting in the free list count against capacity") {
 
     CHECK(allocate_slots(pool, t, {0, 1}, 12));  // 2 free hits + 1 new = 3
     CHECK(t.blocks == Ids{0, 1, 2});
-    CHECK(t.num_hashed == 2);
     CHECK(pool.num_free_blocks() == 0);
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(consistent(pool, {&t}) == "");
@@ -245,15 +234,10 @@ TEST_CASE("free blocks empties the table for reuse") {
     const std::vector<uint64_t> h = cache_chain(pool, owner.blocks, {1, 2, 3, 4});
     BlockTable t;
     REQUIRE(allocate_slots(pool, t, {0, 1}, 7));  // shares 0, 1; adds 2, 3
-    t.chain_broken = true;                        // as after a collision
-    REQUIRE(t.num_hashed == 2);
-    REQUIRE(t.last_hash == h[1]);
 
     free_blocks(pool, t);
     CHECK(t.blocks.empty());
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-    CHECK_FALSE(t.chain_broken);
+    CHECK(pool.prefix_index().entry(1).block_hash == h[1]);  // the owner's names stay
     CHECK(pool.block(0).ref_cnt == 1);  // still the owner's
     CHECK(pool.block(1).ref_cnt == 1);
     CHECK(pool.num_free_blocks() == 4);

@@ -60,7 +60,7 @@ CXXFLAGS += $(SANFLAGS)
 
 # The HTTP example's own headers only rebuild what includes them.
 HTTP_HEADERS := examples/openai_api.hpp examples/sse_client.hpp
-HEADERS  := $(filter-out $(HTTP_HEADERS),$(wildcard *.cuh *.hpp core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh))
+HEADERS  := $(filter-out $(HTTP_HEADERS),$(wildcard *.cuh *.hpp core/*.hpp core/emu/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh))
 # The programs: examples/ (make run's demo, generate, kv_tour, ...) and lab/
 # (benches, studies, the simulator's own programs). Both build to $(BUILD)/NAME.
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst lab/%.cpp,%,$(wildcard lab/*.cpp))
@@ -208,7 +208,7 @@ check-clang: check-doctest check-httpdeps
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a fiber that
 # TSan tracks like a thread, and a barrier is declared as the order it gives
-# (core/cuda_emulation.hpp), so a missing barrier is a data race TSan reports. Only the suites
+# (core/emu/cuda_emulation.hpp), so a missing barrier is a data race TSan reports. Only the suites
 # that launch kernels are built and run: kernels (tests/test_kernels.cpp,
 # tests/test_gpu_gemm.cpp), kv_dtype and swap (the kernel path over f16/int8
 # caches and through swap).

@@ -13,7 +13,7 @@
 //      default, and the oracle every faster kernel is tested against;
 //   4. the CUDA kernels: reshape_and_cache and paged_attention, a
 //      straightforward single-pass kernel to learn from (they also run on the
-//      CPU, emulated, through core/cuda_shim.hpp).
+//      CPU, emulated, through core/emu/cuda_shim.hpp).
 //
 // The faster readers of the cache live in lab/ and are chosen by the device
 // factory (examples/devices.hpp): paged_attention_cpu (lab/fast_cpu.hpp),
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "core/kv_dtype.hpp"
 
 namespace pkv {
@@ -285,9 +285,9 @@ inline void paged_attention_ref(float* out, const float* q, const float* k_cache
 //
 // Two operations touch the cache, exactly as in vLLM: one writes it
 // (reshape_and_cache), one reads it (paged_attention). Both are ordinary CUDA;
-// under g++ they run emulated (core/cuda_shim.hpp), which is how `make test`
+// under g++ they run emulated (core/emu/cuda_shim.hpp), which is how `make test`
 // checks them against section 3 on a machine with no GPU. Each is a function
-// template, most with nothing to template on: core/cuda_shim.hpp's rules say
+// template, most with nothing to template on: core/emu/cuda_shim.hpp's rules say
 // why a kernel defined in a header must be one.
 
 // Elements d..d+3 of kv head h in `slot`, for any dtype, as one load on a GPU

@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 
 namespace pkv {
 

@@ -23,7 +23,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "lab/fast_cpu.hpp"
 #include "lab/fast_gpu.cuh"
 #include "lab/policies.hpp"

@@ -13,7 +13,7 @@ set -u
 cxx=${1:-g++}; shift || true
 flags=("$@")
 fail=0
-headers=$(ls *.hpp *.cuh core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh 2>/dev/null)
+headers=$(ls *.hpp *.cuh core/*.hpp core/emu/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh 2>/dev/null)
 tmp=$(mktemp -d)
 jobs=$(nproc 2>/dev/null || echo 2)
 i=0
@@ -37,7 +37,7 @@ done
 # and tiny_model/ -- never includes lab/ or examples/; outside lab/, only
 # examples/devices.hpp (the one seam where programs choose lab's fast paths
 # and policies) includes lab/ headers. Tests and tools may include anything.
-reference=$(ls *.hpp *.cuh core/*.hpp tiny_model/*.hpp tiny_model/*.cuh 2>/dev/null)
+reference=$(ls *.hpp *.cuh core/*.hpp core/emu/*.hpp tiny_model/*.hpp tiny_model/*.cuh 2>/dev/null)
 up=$(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"(lab|examples)/' $reference || true)
 if [ -n "$up" ]; then echo "check_headers: the reference includes lab/ or examples/:"; echo "$up"; fail=1; fi
 lab_users=$(grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"lab/' examples/*.hpp examples/*.cpp 2>/dev/null | grep -v '^examples/devices.hpp$' || true)

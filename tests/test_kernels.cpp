@@ -40,7 +40,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "engine.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"

@@ -2,7 +2,7 @@
 // CUDA kernels (TUTORIAL.md chapter 8).
 //
 // Under nvcc these kernels run on the GPU; under g++ they run emulated on the
-// CPU (core/cuda_shim.hpp), so every line here is exercised by `make test` on
+// CPU (core/emu/cuda_shim.hpp), so every line here is exercised by `make test` on
 // a laptop. The forward pass is forward_cpu.hpp's, step for step; only the
 // loops became kernel launches:
 //
@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "paged_kv.cuh"
 #include "tests/exercises/check_util.hpp"
 

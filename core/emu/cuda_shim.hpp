@@ -1,4 +1,5 @@
-// core/cuda_shim.hpp -- chapter 8: the one seam between our kernels and where they run.
+// core/emu/cuda_shim.hpp -- the CUDA emulator, part 1 (skip on a first reading: chapter 8 says
+// what you need of it): the one seam between our kernels and where they run.
 //
 // Every kernel in pagedkv is written once, in CUDA C++. This header lets that
 // same source run in two places:

@@ -39,6 +39,13 @@
 #                   implementations and cheats fail (tests/exercises/wrong/)
 #   make clean
 
+# Every core by default: a plain `make test` from a clean clone compiles the
+# suites side by side. An explicit -jN (CI's -j2, or -j1 to read the log in
+# order) wins.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
 BUILD    ?= build
 OPT      ?= -O2
 OPENMP   ?= 1

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -49,17 +50,41 @@ inline int swap_slots_in_use(const pkv::Scheduler& s) {
     return lab ? lab->swap_space().in_use() : 0;
 }
 
-// A model runner for `m` on `device` (the CPU forward by default): what an
-// Engine is built on.
-inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device = pkv::Device::kCpu) {
-    return pkv::make_model_runner(device, m);
+// A model runner for `m` on `device` (the CPU forward by default), with the
+// reference's arithmetic unless `math` asks for lab's (examples/devices.hpp):
+// what an Engine is built on.
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device = pkv::Device::kCpu,
+                                                pkv::MathPath math = pkv::MathPath::kReference) {
+    return pkv::make_model_runner(device, m, math);
 }
 // The same, with its KV cache allocated for `geo`, for tests that drive a
 // runner directly.
 inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0,
-                                                pkv::AttentionKernel attention = pkv::AttentionKernel::kPartitioned) {
-    auto r = pkv::make_model_runner(device, m, {}, attention);
+                                                pkv::MathPath math = pkv::MathPath::kReference) {
+    auto r = pkv::make_model_runner(device, m, math);
     r->init_kv_cache(geo, swap_blocks);
+    return r;
+}
+
+// The kernel path's arithmetic, every way a program can run it: the
+// reference (gemm_simple and the one-pass kernel) and lab's FastGpuMath with
+// each attention kernel. Tests of the kernel runner loop over all three.
+struct KernelMath {
+    const char* name;
+    std::function<std::unique_ptr<pkv::GpuMath>()> make;
+};
+inline const std::vector<KernelMath>& kernel_maths() {
+    static const std::vector<KernelMath> all = {
+        {"reference", [] { return std::make_unique<pkv::GpuMath>(); }},
+        {"fast, partitioned attention", [] { return std::make_unique<pkv::FastGpuMath>(pkv::AttentionKernel::kPartitioned); }},
+        {"fast, baseline attention", [] { return std::make_unique<pkv::FastGpuMath>(pkv::AttentionKernel::kBaseline); }},
+    };
+    return all;
+}
+// A kernel runner (this build's kernel device) with `math`, its cache allocated.
+inline std::unique_ptr<pkv::ModelRunner> kernel_runner(const pkv::Model& m, const pkv::KVGeometry& geo, const KernelMath& math) {
+    auto r = std::make_unique<pkv::GpuRunner>(m, math.make());
+    r->init_kv_cache(geo, 0);
     return r;
 }
 

@@ -81,6 +81,7 @@ inline pkv::EngineConfig engine_config(const EngineKnobs& k) {
 // knobs (the command-line flags map onto it).
 struct Setup : EngineKnobs {
     pkv::Device device = pkv::Device::kCpu;
+    pkv::MathPath math = pkv::MathPath::kReference;  // the reference's arithmetic, or lab's (--math)
     // The workload.
     int requests = 24, prompt_len = 32, max_tokens = 96;
     double temperature = 0.0;
@@ -195,6 +196,7 @@ inline void add_workload_flags(cli::Parser& p, Setup& s) {
              {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}, {"sim", pkv::Device::kSim}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU; "
              "sim: a simulated GPU, --gpu, timed by cost_model.hpp)");
+    pkv::add_math_flag(p, &s.math);
 }
 
 // The engine flags only overload exposes (the studies vary these per row).

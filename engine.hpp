@@ -112,6 +112,11 @@ public:
     // not call step() or add_request().
     StreamCallback on_event;  // every token and state change, as it happens
     LogCallback on_log;       // the periodic vLLM-style log line
+    // An observer of each step's decision, right after schedule() and before
+    // the forward pass: who runs with how many tokens, who was preempted or
+    // resumed. Empty by default (it costs one test then); examples/viewer/
+    // records a run with it. It may read the engine, not change it.
+    std::function<void(const SchedulerOutput&)> on_schedule;
 
     // What examples and tests read. Nothing here changes state: a request
     // enters through add_request, leaves through abort or a finish in step().
@@ -174,6 +179,7 @@ public:
         in_step_ = true;  // abort() from a callback now defers (see abort)
         struct Reset { bool& f; ~Reset() { f = false; } } reset{in_step_};  // even if a phase throws
         SchedulerOutput so = sched_.schedule();
+        if (on_schedule) on_schedule(so);
         // A policy that swaps (lab/policies.hpp) asks for block copies before the
         // forward pass: a victim's freed blocks keep its K/V until the pass writes them.
         runner_->apply_swaps(so.swap_out, so.swap_in);

@@ -25,6 +25,7 @@
 // examples/workload.hpp can offer them as flags.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -77,6 +78,12 @@ inline void add_math_flag(cli::Parser& p, MathPath* m) {
 // build to make rather than read a CUDA error code.
 inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model& m, MathPath math = MathPath::kReference,
                                                       const SimOptions& sim = {}) {
+    // PKV_SIMD picks the fast path's instruction set (lab/fast_cpu.hpp); the
+    // reference has none to pick, and a setting nobody reads must not pass
+    // for one that took effect.
+    if (math == MathPath::kReference && std::getenv("PKV_SIMD"))
+        throw std::invalid_argument("PKV_SIMD chooses the instruction set of lab's fast path, which this run does not use: add "
+                                    "--math fast, or unset PKV_SIMD");
     if (device == Device::kCpu)
         return std::make_unique<CpuRunner>(m, math == MathPath::kFast ? std::make_unique<FastCpuMath>() : std::make_unique<CpuMath>());
     if (device == Device::kSim) {

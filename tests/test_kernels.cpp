@@ -1327,7 +1327,7 @@ TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
         const auto [cpu_out, cpu_status] = run_command(shell_quote(exe) + " " + run.args + " --device cpu 2>/dev/null");
         CHECK(cpu_status == 0);
         CHECK(cpu_out.size() > 20);
-        for (const std::string device : {std::string("cpu"), std::string(pkv::kDeviceKind)})
+        for (const std::string& device : {std::string("cpu"), std::string(pkv::kDeviceKind)})
             for (const char* math : {"reference", "fast"}) {
                 INFO("--device " << device << " --math " << math);
                 const auto [out, status] = run_command(shell_quote(exe) + " " + run.args + " --device " + device + " --math " + math + " 2>/dev/null");

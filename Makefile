@@ -117,12 +117,15 @@ $(BUILD)/%: tools/%.cpp $(HEADERS) $(wildcard tools/*.hpp)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
-$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
+# (tests/serve_util.hpp is the serve suites' alone.)
+TEST_HEADERS := $(filter-out tests/serve_util.hpp,$(wildcard tests/*.hpp))
+$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(TEST_HEADERS) | check-doctest
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(test_opt) -c $< -o $@
 
-# tests/test_serve.cpp talks HTTP: it needs the HTTP libraries too.
-$(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
+# The serve suites talk HTTP: they need the HTTP libraries too.
+HTTP_TESTS := test_serve test_serve_edge
+$(patsubst %,$(BUILD)/obj/tests/%.o,$(HTTP_TESTS)): $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(test_opt) $(HTTP_CFLAGS) -c $< -o $@
 
@@ -265,7 +268,7 @@ NVCCFLAGS   ?= $(NVCC_OPT) -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall
 # run (tests/gpu_check.sh) must not depend on fetching packages. `make
 # cuda-serve` builds the server with nvcc, for --device cuda.
 CUDA_EXAMPLES  := $(filter-out $(HTTP_PROGRAMS),$(EXAMPLES))
-CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out tests/test_serve.cpp,$(TEST_SRCS)))
+CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out $(patsubst %,tests/%.cpp,$(HTTP_TESTS)),$(TEST_SRCS)))
 
 .PHONY: cuda-examples cuda-serve cuda-ci
 # What CI builds with nvcc, having no GPU to run the rest on: the sources with

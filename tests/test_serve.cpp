@@ -272,7 +272,9 @@ TEST_CASE("a client that hangs up mid-stream: its request is aborted and its blo
     CHECK(sse::value(m, "pagedkv:http_client_disconnects_total") == 1);
     CHECK(sse::value(m, "pagedkv:kv_cache_free_blocks") == sse::value(m, "pagedkv:kv_cache_blocks"));
     CHECK(sse::value(m, "pagedkv:generation_tokens_total") < 400);
-    CHECK(sse::value(m, "pagedkv:request_success_total") == 0);
+    CHECK(sse::value(m, "pagedkv:request_success_total", "finished_reason=\"abort\"") == 1);
+    CHECK(sse::value(m, "pagedkv:request_success_total", "finished_reason=\"stop\"") == 0);
+    CHECK(sse::value(m, "pagedkv:request_success_total", "finished_reason=\"length\"") == 0);
     srv.stop();
 }
 
@@ -400,13 +402,15 @@ TEST_CASE("bad HTTP input: a clear 4xx with an OpenAI-style error each, and anot
         {"DELETE", "DELETE /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, "method_not_allowed", "", "DELETE is not allowed"},
         {"no such route", "GET /v1/engines HTTP/1.1\r\nHost: x\r\n\r\n", 404, "not_found", "", "no route for GET /v1/engines"},
         {"not HTTP at all", "HELLO THERE\r\n\r\n", 400, "bad_request", "", "could not be read"},
-        {"a header line over 8 KiB", "GET /health HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n", 400, "bad_request", "", "could not be read"},
+        {"headers over the cap (16 KiB)", "GET /health HTTP/1.1\r\nX-Big: " + std::string(17000, 'a') + "\r\n\r\n", 431,
+         "request_header_fields_too_large", "", "limit of 16 KiB"},
     };
     // Rows that wait on the server's read timeout (1 s): run side by side.
+    // 408 Request Timeout, with the clock that ran out.
     const std::vector<Row> slow = {
-        {"half-open: the body stops arriving", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":", 400,
-         "bad_request", "", "read timeout (1 s)"},
-        {"slow: the headers never end", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: appl", 400, "bad_request", "", "could not be read"},
+        {"half-open: the body stops arriving", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":", 408,
+         "request_timeout", "", "read timeout (1 s)"},
+        {"slow: the headers never end", "POST " + C + " HTTP/1.1\r\nHost: x\r\nContent-Type: appl", 408, "request_timeout", "", "did not arrive in time"},
     };
 
     auto check_row = [&](const Row& row, const Reply& r, double limit_s) {
@@ -448,19 +452,23 @@ TEST_CASE("bad HTTP input: a clear 4xx with an OpenAI-style error each, and anot
         CHECK(silent.empty());
         CHECK(silent_s < 4.0);
     }
-    // Too many connections: four silent connections hold the 4 workers
-    // (with the stream, one of them waits in the rejecters' queue); the
-    // next is answered 429 at once.
+    // Too many completions: with the other client's stream, three more hold
+    // the 4 answers served at once (--max-connections 4); the next is
+    // answered 429 at once.
     {
-        std::vector<int> idle;
-        for (int i = 0; i < 4; ++i) idle.push_back(connect_to(port));
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        const Row row{"too many connections", post(C, R"({"prompt": "a"})"), 429, "too_many_connections", "", "serves 4 at once"};
+        std::vector<int> held;
+        for (int i = 0; i < 3; ++i) {
+            held.push_back(connect_to(port));
+            send_all(held.back(), post(C, body_for(good, true)));
+            std::string got;
+            for (int k = 0; k < 500 && got.find("data: {") == std::string::npos; ++k) got += read_all(held.back(), 0.01);
+        }
+        const Row row{"too many connections", post(C, R"({"prompt": "a"})"), 429, "too_many_connections", "", "answers 4 completions at once"};
         const Reply r = raw(port, row.request, 10);
         check_row(row, r, 2.0);
         CHECK(r.header("Retry-After") == "1");
         ++checked;
-        for (int fd : idle) ::close(fd);
+        for (int fd : held) ::close(fd);
     }
     CHECK(checked >= 20);
 

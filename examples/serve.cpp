@@ -665,10 +665,10 @@ private:
     void write_body(const std::string& bytes);
     void flush();
     void watch();
+    void on_watch(beast::error_code ec, size_t n);
     void on_client_eof();
     void gone(const char* how);
     void close_gracefully();
-    void linger();
     void close_now();
     void arm(std::chrono::nanoseconds d, void (Connection::*on_expiry)());
     void disarm();
@@ -697,6 +697,7 @@ private:
     // The answer. out_: bytes waiting to be written, one write at a time.
     std::deque<std::string> out_;
     bool writing_ = false, close_after_write_ = false;
+    bool reading_ = false;       // a read is pending (the request's, or the watch's)
     bool head_sent_ = false, chunked_ = false;
     bool counted_ = false;       // a completion counted against --max-connections
     bool eof_seen_ = false;      // the client shut its sending side (or closed)
@@ -968,11 +969,18 @@ void Connection::read_more() {
     const auto quiet = Clock::now() + seconds(srv_.options().read_timeout);
     read_timeout_ = quiet < whole;
     arm(std::min(whole, quiet) - Clock::now(), &Connection::read_timed_out);
-    http::async_read_some(sock_, in_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_read(ec, n); });
+    reading_ = true;
+    http::async_read_some(sock_, in_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t n) {
+        self->reading_ = false;
+        self->on_read(ec, n);
+    });
 }
 
 void Connection::on_read(beast::error_code ec, size_t n) {
-    if (phase_ != Phase::kReading) return;  // closed or answered meanwhile (a timeout, eviction, shutdown)
+    if (phase_ != Phase::kReading) {  // answered meanwhile (a timeout), or closed (eviction, shutdown)
+        if (phase_ == Phase::kClosing) watch();  // the answer is out: drain
+        return;
+    }
     disarm();
     bytes_in_ += n;
     if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof) {
@@ -1367,24 +1375,32 @@ void Connection::flush() {
     });
 }
 
-// While a completion is answered, a read stays pending on the socket: the
-// client sends nothing more, so whatever it returns is news. An end of
-// stream: the client shut its sending side -- or closed its socket. Either
-// way a FIN came; only our next bytes tell the two apart (on_client_eof). A
-// reset: the client is gone.
+// The one read that may be pending on the socket once the request is in
+// (Asio allows one read at a time on a socket; on_read, reading the request,
+// is the other). While a completion is answered it watches: the client sends
+// nothing more, so whatever the read returns is news. An end of stream: the
+// client shut its sending side -- or closed its socket. Either way a FIN
+// came; only our next bytes tell the two apart (on_client_eof). A reset: the
+// client is gone. While closing, it drains what the client still sends
+// until the client closes too.
 void Connection::watch() {
+    if (reading_ || phase_ == Phase::kClosed) return;
+    reading_ = true;
     sock_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t n) {
-        if (self->phase_ == Phase::kClosed || self->phase_ == Phase::kClosing) return;
-        if (!ec) {
-            // Bytes after the request (a pipelined one we will not serve):
-            // dropped; a client that sends megabytes is cut off.
-            self->discarded_ += n;
-            if (self->discarded_ > (1u << 20)) return self->gone("it kept sending after its request");
-            return self->watch();
-        }
-        if (ec == net::error::eof) return self->on_client_eof();
-        self->gone("its connection was reset");
+        self->reading_ = false;
+        self->on_watch(ec, n);
     });
+}
+void Connection::on_watch(beast::error_code ec, size_t n) {
+    // Bytes after the request (a pipelined one we will not serve) are
+    // dropped; a client that sends megabytes is cut off.
+    discarded_ += n;
+    const bool too_much = discarded_ > (1u << 20);
+    if (phase_ == Phase::kClosing) return ec || too_much ? close_now() : watch();
+    if (phase_ != Phase::kAnswering) return;
+    if (!ec) return too_much ? gone("it kept sending after its request") : watch();
+    if (ec == net::error::eof) return on_client_eof();
+    gone("its connection was reset");
 }
 
 // A FIN from the client. One that closed its socket answers any byte we send
@@ -1433,15 +1449,7 @@ void Connection::close_gracefully() {
     sock_.shutdown(tcp::socket::shutdown_send, ignored);
     if (eof_seen_) return close_now();
     arm(std::chrono::seconds(2), &Connection::close_now);
-    linger();
-}
-void Connection::linger() {
-    sock_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t n) {
-        if (self->phase_ != Phase::kClosing) return;
-        self->discarded_ += n;
-        if (ec || self->discarded_ > (1u << 20)) return self->close_now();
-        self->linger();
-    });
+    watch();  // (or the read pending now: it sees kClosing and drains)
 }
 
 void Connection::close_now() {

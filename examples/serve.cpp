@@ -309,7 +309,8 @@ public:
 
     EngineLoop(pkv::Engine& eng, const Options& o, PostFn post)
         : eng_(eng), labels_("model_name=\"" + o.model_name + "\""), max_waiting_(o.policy.max_waiting),
-          step_delay_ms_(o.step_delay_ms), post_(std::move(post)) {
+          step_delay_ms_(o.step_delay_ms), post_(std::move(post)), prompt_tokens_(one_two_five(eng.config().sched.max_model_len)),
+          generation_tokens_(one_two_five(eng.config().sched.max_model_len)) {
         // Runs on the engine thread, inside add_request / step / abort.
         eng_.on_event = [this](const pkv::StreamEvent& e) { route(e); };
     }
@@ -390,6 +391,8 @@ private:
     };
     // A request in the engine, as the engine thread follows it: where its
     // notes go, and when its phases began (vLLM's queue/prefill/decode times).
+    // vLLM's request histograms (those the engine's Metrics do not keep) are
+    // counted here, when a request finishes: they need a request's whole life.
     struct Live {
         std::shared_ptr<Listener> to;
         double scheduled = -1, first_token = -1;  // engine clock; -1 = not yet
@@ -519,11 +522,14 @@ private:
             // vLLM's phases of a finished request (vllm/v1/metrics/stats.py):
             // waiting, prefill (first scheduled -> first token), decode (first
             // token -> last), inference (prefill + decode).
-            const double arrival = eng_.request(e.request_id)->arrival_time;
+            const pkv::Request* r = eng_.request(e.request_id);
+            const double arrival = r->arrival_time;
             queue_.add(l.scheduled - arrival);
             prefill_.add(l.first_token - l.scheduled);
             decode_.add(e.time - l.first_token);
             inference_.add(e.time - l.scheduled);
+            prompt_tokens_.add(r->num_prompt_tokens);
+            generation_tokens_.add(r->num_output_tokens());
         }
         live_.erase(it);
         done_.push_back(e.request_id);  // released after the step: its batch still refers to it
@@ -557,7 +563,17 @@ private:
         pkv::prometheus_histogram(o, "request_prefill_time_seconds", "First scheduled to first token (the PREFILL phase).", prefill_, labels_);
         pkv::prometheus_histogram(o, "request_decode_time_seconds", "First token to last (the DECODE phase).", decode_, labels_);
         pkv::prometheus_histogram(o, "request_inference_time_seconds", "First scheduled to last token (PREFILL + DECODE).", inference_, labels_);
+        pkv::prometheus_histogram(o, "request_prompt_tokens", "Prompt tokens of a finished request.", prompt_tokens_, labels_);
+        pkv::prometheus_histogram(o, "request_generation_tokens", "Output tokens of a finished request.", generation_tokens_, labels_);
         return o.str();
+    }
+    // vLLM's ladder for token counts: 1, 2, 5, 10, 20, 50, ... up to `max`.
+    static std::vector<double> one_two_five(int max) {
+        std::vector<double> b;
+        for (double d = 1; d <= max; d *= 10)
+            for (double m : {1, 2, 5})
+                if (m * d <= max) b.push_back(m * d);
+        return b;
     }
 
     // The count the I/O thread sheds on: the requests waiting for the engine
@@ -586,6 +602,7 @@ private:
     double step_start_ = 0;  // engine clock, when the current step began
     pkv::Histogram queue_{pkv::request_latency_buckets()}, prefill_{pkv::request_latency_buckets()},
         decode_{pkv::request_latency_buckets()}, inference_{pkv::request_latency_buckets()};
+    pkv::Histogram prompt_tokens_, generation_tokens_;
 
     std::mutex m_;  // guards everything below
     std::condition_variable cv_;

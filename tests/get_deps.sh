@@ -78,13 +78,16 @@ boost_ok() {  # $1: an include directory holding Boost 1.81 or newer, with Beast
     v=$(sed -n 's/^#define BOOST_VERSION \([0-9]*\)$/\1/p' "$1/boost/version.hpp" 2>/dev/null)
     [ -n "$v" ] && [ "$v" -ge 108100 ] && [ -f "$1/boost/beast/http.hpp" ] && [ -f "$1/boost/asio.hpp" ]
 }
-if ! boost_ok "$deps/include" && ! boost_ok /usr/include; then
+# (PAGEDKV_DEPS_UNPACK_ALL=1: unpack into DEPS even when /usr/include has it,
+# to test that path on a machine that has Boost.)
+system_boost_ok() { [ -z "${PAGEDKV_DEPS_UNPACK_ALL:-}" ] && boost_ok /usr/include; }
+if ! boost_ok "$deps/include" && ! system_boost_ok; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -e /usr/include/boost ]; then
         echo "get_deps: installing Debian's libboost1.81-dev (apt-get; headers only are used)" >&2
         apt-get install -y libboost1.81-dev >/dev/null 2>&1 ||
             { apt-get update >/dev/null 2>&1 && apt-get install -y libboost1.81-dev >/dev/null 2>&1; }
     fi
-    if ! boost_ok /usr/include && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+    if ! system_boost_ok && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
         echo "get_deps: fetching Debian's libboost1.81-dev package into $deps (its headers; no root needed)" >&2
         rm -rf "$deps/boost-pkg" && mkdir -p "$deps/boost-pkg" "$deps/include"
         if (cd "$deps/boost-pkg" && apt-get download libboost1.81-dev >/dev/null 2>&1) &&
@@ -93,7 +96,7 @@ if ! boost_ok "$deps/include" && ! boost_ok /usr/include; then
         fi
         rm -rf "$deps/boost-pkg"
     fi
-    if ! boost_ok "$deps/include" && ! boost_ok /usr/include; then
+    if ! boost_ok "$deps/include" && ! system_boost_ok; then
         cat >&2 <<MSG
 error: build/serve needs Boost 1.81 or newer (Beast and Asio; Debian package libboost1.81-dev),
 which is not installed and could not be fetched. Only build/serve needs it.

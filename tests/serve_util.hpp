@@ -445,9 +445,14 @@ inline std::vector<int32_t> random_prompt(pkv_test::Rng& rng, int n) {
 
 inline bool have_command(const std::string& name) { return pkv_test::run_command("command -v " + name + " >/dev/null 2>&1").second == 0; }
 
-// The official `openai` npm package in DIR/node_modules: npm-installed there
-// once; false (with a skip saying why) when the registry is out of reach.
+// Node.js and the official `openai` npm package in DIR/node_modules:
+// npm-installed there once; false (with a skip saying why) without Node.js
+// or npm, or when the registry is out of reach.
 inline bool need_openai_npm(const std::string& dir) {
+    if (!have_command("node") || !have_command("npm")) {
+        pkv_test::skip(pkv_test::SkipKind::kProgram, "Node.js or npm not found: the openai npm client test needs both");
+        return false;
+    }
     const std::string pkg = "openai@6.49.0";
     if (pkv_test::file_exists(dir + "/node_modules/openai/package.json")) return true;
     const std::pair<std::string, int> inst = pkv_test::run_command("mkdir -p " + dir + " && timeout 120 npm install --prefix " + dir +

@@ -589,10 +589,6 @@ TEST_CASE("curl -N drives a stream, and a chat answer") {
 }
 
 TEST_CASE("the official openai npm package: a completion, a chat stream, an error") {
-    if (!have_command("node") || !have_command("npm")) {
-        pkv_test::skip(pkv_test::SkipKind::kProgram, "Node.js or npm not found: the openai npm client test needs both");
-        return;
-    }
     // npm install into build/deps/node, once (its registry may be out of reach: then skip).
     const std::string dir = "build/deps/node";
     if (!need_openai_npm(dir)) return;

@@ -180,6 +180,17 @@ public:
         return n + payload + "\r\n";
     }
     static std::string event(const std::string& json_text) { return chunk("data: " + json_text + "\n\n"); }
+    // An answer that sends `event` every `ms` milliseconds, `n` times (until
+    // the client leaves or the server stops).
+    static Answer endless(std::string event, int n, int ms) {
+        return [event, n, ms](int fd, const std::atomic<bool>& stop) {
+            send_all(fd, stream_head());
+            for (int i = 0; i < n && !stop; ++i) {
+                if (::send(fd, event.data(), event.size(), MSG_NOSIGNAL) <= 0) return;
+                std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            }
+        };
+    }
     static std::string token_event(const std::string& token_ids_json) {
         return event(R"({"id":"cmpl-x","object":"text_completion","created":1,"model":"fake","choices":[{"index":0,"text":" a","token_ids":)" +
                      token_ids_json + R"(,"logprobs":null,"finish_reason":null}]})");
@@ -595,10 +606,6 @@ TEST_CASE("SIGTERM: a trickling client does not hold the shutdown, and a second 
 }
 
 TEST_CASE("SIGTERM with the official openai npm client: each stream raises or finishes, never a silent truncation") {
-    if (!have_command("node") || !have_command("npm")) {
-        pkv_test::skip(pkv_test::SkipKind::kProgram, "Node.js or npm not found: the openai npm client test needs both");
-        return;
-    }
     const std::string dir = "build/deps/node";
     if (!need_openai_npm(dir)) return;
     SigpipeGuard guard;
@@ -660,14 +667,7 @@ TEST_CASE("loadgen: wrongly typed chunks, a stream that never ends, a stream wit
     }
     // A stream past max_tokens, forever: cut at the cap.
     {
-        FakeServer fake([](int fd, const std::atomic<bool>& stop) {
-            send_all(fd, FakeServer::stream_head());
-            for (int i = 0; i < 20000 && !stop; ++i) {
-                const std::string e = FakeServer::token_event("[5]");
-                if (::send(fd, e.data(), e.size(), MSG_NOSIGNAL) <= 0) return;
-                std::this_thread::sleep_for(std::chrono::milliseconds(2));
-            }
-        });
+        FakeServer fake(FakeServer::endless(FakeServer::token_event("[5]"), 20000, 2));
         const auto t0 = sse::Clock::now();
         const std::pair<std::string, int> r = loadgen_against(fake, "--max-tokens 8");
         INFO(r.first);
@@ -677,14 +677,7 @@ TEST_CASE("loadgen: wrongly typed chunks, a stream that never ends, a stream wit
     }
     // A stream that only ever sends comments: cut at the overall deadline.
     {
-        FakeServer fake([](int fd, const std::atomic<bool>& stop) {
-            send_all(fd, FakeServer::stream_head());
-            for (int i = 0; i < 400 && !stop; ++i) {
-                const std::string e = FakeServer::chunk(": still here\n\n");
-                if (::send(fd, e.data(), e.size(), MSG_NOSIGNAL) <= 0) return;
-                std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            }
-        });
+        FakeServer fake(FakeServer::endless(FakeServer::chunk(": still here\n\n"), 400, 50));
         const auto t0 = sse::Clock::now();
         const std::pair<std::string, int> r = loadgen_against(fake, "--max-tokens 8 --deadline 2");
         INFO(r.first);

@@ -306,11 +306,15 @@ $(CUDA_BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
 
-# (nvcc passes -pthread on to the host compiler.)
+# nvcc's front end (CUDA 13) cannot parse Asio's variable templates and
+# concepts, nor Beast's use of std::source_location: the three macros make
+# Boost use its plainer forms of the same (error codes then carry no source
+# line). -pthread goes on to the host compiler.
+BOOST_NVCC_FLAGS := -DBOOST_ASIO_DISABLE_VARIABLE_TEMPLATES -DBOOST_ASIO_DISABLE_CONCEPTS -DBOOST_DISABLE_CURRENT_LOCATION
 cuda-serve: $(CUDA_BUILD)/serve
 $(CUDA_BUILD)/serve: examples/serve.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp -Xcompiler -pthread
+	$(NVCC) $(NVCCFLAGS) $(BOOST_NVCC_FLAGS) -x cu $< -o $@ -lgomp -Xcompiler -pthread
 
 $(CUDA_BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)

@@ -267,6 +267,12 @@ private:
 
 // Two label lists as one: model_name="m" and le="0.1" give model_name="m",le="0.1".
 inline std::string label_join(const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + "," + b; }
+// A label's value as the text format quotes it: \, " and newline escaped.
+inline std::string prometheus_escape(const std::string& v) {
+    std::string e;
+    for (char c : v) e += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+    return e;
+}
 // A label list as a sample writes it: in braces, or nothing when empty.
 inline std::string prometheus_labels(const std::string& l) { return l.empty() ? "" : "{" + l + "}"; }
 

@@ -23,8 +23,8 @@
 //              what the I/O thread handed over, run one step, hand the step's
 //              events back; it sleeps when there is nothing to do.
 //
-// Why not a thread per connection (what cpp-httplib, which this example used
-// before, does)? Then every connection holds a thread for as long as it
+// Why not a thread per connection (what cpp-httplib, the library llama.cpp's
+// server is built on, does)? Then every connection holds a thread for as long as it
 // lasts, so the thread count caps the connections: a few hundred idle
 // sockets, or a few dozen clients sending their headers one byte a second,
 // hold every thread, and a new client, /health included, gets no answer at
@@ -104,11 +104,12 @@
 //
 // Flat under a long run: the engine keeps latency histograms in fixed buckets,
 // not every sample (EngineConfig::keep_latency_samples), a finished request
-// is released from the scheduler's table (Engine::release) once its last
-// event is delivered, and a connection's state goes with its socket. What
+// is released from the scheduler's table (Engine::release) once the step
+// that finished it is over, and a connection's state goes with its socket. What
 // stays is per connection (bounded by the caps above) and per running request.
 // Known limits (a teaching server): one model; no TLS, no auth; one request
 // per connection (no keep-alive: every answer says Connection: close).
+
 // Under ThreadSanitizer (make tsan-serve): TSan does not model
 // std::atomic_thread_fence (g++ refuses it with -fsanitize=thread), which
 // Asio's "fenced blocks" use around a handler's call. They add nothing here:
@@ -308,7 +309,7 @@ public:
     enum class Admit { kQueued, kShed, kDown };
 
     EngineLoop(pkv::Engine& eng, const Options& o, PostFn post)
-        : eng_(eng), labels_("model_name=\"" + o.model_name + "\""), max_waiting_(o.policy.max_waiting),
+        : eng_(eng), labels_("model_name=\"" + pkv::prometheus_escape(o.model_name) + "\""), max_waiting_(o.policy.max_waiting),
           step_delay_ms_(o.step_delay_ms), post_(std::move(post)), prompt_tokens_(one_two_five(eng.config().sched.max_model_len)),
           generation_tokens_(one_two_five(eng.config().sched.max_model_len)) {
         // Runs on the engine thread, inside add_request / step / abort.

@@ -505,7 +505,8 @@ TEST_CASE("/metrics passes promtool check metrics") {
         return;
     }
     SigpipeGuard guard;
-    ServeProcess srv({"--num-blocks", "8", "--block-size", "8"});
+    // A model name the label must escape: a quote, a backslash.
+    ServeProcess srv({"--num-blocks", "8", "--block-size", "8", "--model-name", "tiny \"story\" model\\1"});
     if (!srv.running()) return;
     // Some traffic first, so every histogram has samples.
     Req r;
@@ -520,6 +521,7 @@ TEST_CASE("/metrics passes promtool check metrics") {
     REQUIRE(scraped.first == 200);
     const std::string page = scraped.second;
     srv.stop();
+    CHECK(page.find("pagedkv:num_requests_running{model_name=\"tiny \\\"story\\\" model\\\\1\"} 0\n") != std::string::npos);
     const std::string path = (fs::temp_directory_path() / ("pagedkv_metrics_" + std::to_string(::getpid()))).string();
     auto check = [&](const std::string& text) {
         std::ofstream(path) << text;

@@ -773,8 +773,8 @@ public:
         // connecting at once on a busy machine must not overflow it.
         if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
         if (ec)
-            throw std::runtime_error("cannot listen on " + o_.host + ":" + std::to_string(o_.port) + " (" + ec.message() +
-                                     "); --port 0 picks a free port");
+            throw std::runtime_error("cannot listen on " + o_.host + ":" + std::to_string(o_.port) + " (" + ec.message() + ")" +
+                                     (o_.port != 0 ? "; --port 0 picks a free port" : ""));
         return acceptor_.local_endpoint().port();
     }
 

@@ -5,7 +5,9 @@
 //
 //   - the gauges are true at every scrape, even after an abort on an idle engine;
 //   - idle and trickling connections starve no one: /health, a completion and
-//     /metrics answer at once beside hundreds of them;
+//     /metrics answer at once beside hundreds of them; a request trickled a
+//     byte at a time meets the whole-request deadline; at the socket cap the
+//     oldest connection still sending its request makes room;
 //   - at the connection cap /health, /metrics and /v1/models still answer;
 //   - SIGTERM: open streams end with an error event and [DONE] within the
 //     deadline (never a silent truncation), then the server exits; a trickling
@@ -16,7 +18,11 @@
 //   - HTTP conformance: HTTP/1.0, two Content-Lengths, absolute-form targets,
 //     Content-Encoding, Allow;
 //   - build/loadgen against a fake server: wrongly typed chunks, a stream that
-//     never ends, a stream without [DONE]: one line with a reason each, no crash.
+//     never ends, a stream without [DONE]: one line with a reason each, no crash;
+//   - in-process: a released request is gone and latencies are buckets only.
+// And the "soak" suite (make soak; also in make test): 2,000 mixed requests
+// with aborts, slow readers and a slowloris neighbour, /health polled
+// throughout; afterwards every block free, every gauge 0, memory flat.
 #include "tests/serve_util.hpp"
 
 #include <sys/resource.h>

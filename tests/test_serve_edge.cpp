@@ -451,7 +451,7 @@ TEST_CASE("a half-closed client (request sent, then its write side shut) gets it
 // HTTP conformance
 // ---------------------------------------------------------------------------
 
-TEST_CASE("HTTP conformance: HTTP/1.0, two Content-Lengths, absolute-form targets, Content-Encoding, Allow") {
+TEST_CASE("HTTP conformance: HTTP/1.0, two Content-Lengths, absolute-form targets, Content-Encoding, Allow, 100-continue") {
     SigpipeGuard guard;
     ServeProcess srv({});
     if (!srv.running()) return;
@@ -503,6 +503,22 @@ TEST_CASE("HTTP conformance: HTTP/1.0, two Content-Lengths, absolute-form target
     const Reply post_h = raw(port, post("/health", "{}"), 5);
     CHECK(post_h.status == 405);
     CHECK(post_h.header("Allow").find("POST") == std::string::npos);
+    // Expect: 100-continue (curl sends it before a large body): told to go on, then answered.
+    {
+        const std::string body = completion_body(2, false);
+        const int fd = connect_to(port);
+        send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+        std::string got;
+        CHECK(read_until(fd, got, "\r\n\r\n", 3));
+        CHECK(got.compare(0, 25, "HTTP/1.1 100 Continue\r\n\r\n") == 0);
+        send_all(fd, body);
+        got += read_all(fd, 5);
+        ::close(fd);
+        const Reply r = parse_reply(got.substr(got.find("\r\n\r\n") + 4));
+        CHECK(r.status == 200);
+        CHECK(r.body.find("\"completion_tokens\":2") != std::string::npos);
+    }
     srv.stop();
 }
 

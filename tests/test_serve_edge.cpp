@@ -781,6 +781,7 @@ TEST_CASE("soak: 2,000 requests with aborts, slow readers and a slowloris neighb
     ServeProcess srv({"--read-timeout", "2", "--request-timeout", "4", "--write-timeout", "2"});
     if (!srv.running()) return;
     const int port = srv.port();
+    const long rss_start = srv.rss_kib();
     std::atomic<bool> stop{false};
 
     // /health, every 100 ms, throughout.
@@ -876,7 +877,7 @@ TEST_CASE("soak: 2,000 requests with aborts, slow readers and a slowloris neighb
     const long rss1 = srv.rss_kib();
     const double worst = health_s.empty() ? 0 : *std::max_element(health_s.begin(), health_s.end());
     MESSAGE("soak: 2200 requests in " << took << " s; /health " << health_s.size() << " probes, slowest " << worst * 1e3 << " ms; RSS "
-                                      << rss0 << " -> " << rss1 << " KiB after the warm-up; slowloris reconnected " << slowloris.reopened()
+                                      << rss_start << " KiB at the start, " << rss0 << " -> " << rss1 << " KiB after the warm-up; slowloris reconnected " << slowloris.reopened()
                                       << " times; " << sse::value(m, "pagedkv:request_success_total", "finished_reason=\"abort\"") << " aborted");
     for (size_t k = 0; k < std::min<size_t>(problems.size(), 10); ++k) INFO(problems[k]);
     CHECK(problems.empty());

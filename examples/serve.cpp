@@ -190,7 +190,7 @@ struct Options : study::Setup {
     std::string host = "127.0.0.1";
     int port = 8000;
     int max_connections = 32;          // completions answered at once
-    int max_open_connections = 1024;   // sockets open at once
+    int max_open_connections = 0;      // sockets open at once; 0 = 1024, or what the open-file limit allows
     int max_body_kib = 256;            // request body cap
     int max_header_kib = 16;           // request line + headers cap
     double request_timeout = 30.0;     // seconds for a whole request to arrive, from its accept
@@ -201,6 +201,30 @@ struct Options : study::Setup {
     int step_delay_ms = 0;             // demo knob: sleep after every step
     bool log_requests = false;
 };
+
+// Every socket is an open file: the process's limit (ulimit -n) is raised to
+// fit --max-open-connections, or, when the hard limit cannot fit what the
+// flag asked for, that is an error. 0 (the default) takes 1024, or what the
+// limit allows; the startup line prints the number.
+void fit_file_limit(Options& o) {
+    const rlim_t spare = 64;  // the engine's, the model's and the process's own files
+    rlimit r{};
+    if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+    if (o.max_open_connections == 0) {
+        const rlim_t room = r.rlim_max > spare ? r.rlim_max - spare : 0;
+        o.max_open_connections = (int)std::min<rlim_t>(1024, room);
+        if (o.max_open_connections < 8)
+            throw std::runtime_error("this process may open only " + std::to_string(r.rlim_max) + " files (ulimit -n): too few for a server");
+    }
+    const rlim_t need = (rlim_t)o.max_open_connections + spare;
+    if (r.rlim_cur >= need) return;
+    if (r.rlim_max < need)
+        throw std::runtime_error("--max-open-connections " + std::to_string(o.max_open_connections) + " needs " + std::to_string(need) +
+                                 " open files, but this process may have only " + std::to_string(r.rlim_max) +
+                                 " (ulimit -n); lower --max-open-connections");
+    r.rlim_cur = need;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+}
 
 Options parse(int argc, char** argv) {
     Options o;
@@ -221,8 +245,9 @@ Options parse(int argc, char** argv) {
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.integer("--max-connections", &o.max_connections, 1, 65536,
               "completions answered at once (streams and bodies); one more gets a fast 429. /health, /metrics and /v1/models never count");
-    p.integer("--max-open-connections", &o.max_open_connections, 8, 65536,
-              "sockets open at once; at the cap a new connection closes the oldest one still sending its request");
+    p.integer("--max-open-connections", &o.max_open_connections, 0, 65536,
+              "sockets open at once; at the cap a new connection closes the oldest one still sending its request. "
+              "0 = 1024, or fewer if the open-file limit (ulimit -n) allows fewer");
     p.integer("--max-body-kib", &o.max_body_kib, 1, 65536, "largest request body, KiB; larger gets 413");
     p.integer("--max-header-kib", &o.max_header_kib, 1, 1024, "largest request line and headers together, KiB; larger gets 431");
     p.real("--request-timeout", &o.request_timeout, 0.05, 3600, "seconds a whole request (headers and body) may take to arrive; slower gets 408");
@@ -760,7 +785,6 @@ public:
 
     // Binds, or throws saying why not. Returns the port (for --port 0).
     int bind() {
-        fit_file_limit();
         beast::error_code ec;
         tcp::resolver resolver(io_);
         const auto found = resolver.resolve(o_.host, std::to_string(o_.port), ec);
@@ -869,19 +893,6 @@ private:
                 return;
             }
         }
-    }
-
-    // Raises the file limit to fit --max-open-connections, or says it cannot.
-    void fit_file_limit() const {
-        rlimit r{};
-        const rlim_t need = (rlim_t)o_.max_open_connections + 64;  // + the engine's and the process's own files
-        if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= need) return;
-        if (r.rlim_max < need)
-            throw std::runtime_error("--max-open-connections " + std::to_string(o_.max_open_connections) + " needs " + std::to_string(need) +
-                                     " open files, but this process may have only " + std::to_string(r.rlim_max) +
-                                     " (ulimit -n); lower --max-open-connections");
-        r.rlim_cur = need;
-        ::setrlimit(RLIMIT_NOFILE, &r);
     }
 
     // ---- shutting down ---------------------------------------------------------------
@@ -1540,7 +1551,9 @@ void Connection::log_request() {
 // waits in the kernel's backlog), then start the engine thread and the
 // event loop. Shutdown runs it backwards.
 int run(int argc, char** argv) {
-    const Options o = parse(argc, argv);
+    Options opts = parse(argc, argv);
+    fit_file_limit(opts);
+    const Options& o = opts;
     // A client that hangs up must not kill us: a write to its socket fails
     // with EPIPE instead of raising SIGPIPE.
     ::signal(SIGPIPE, SIG_IGN);
@@ -1557,7 +1570,7 @@ int run(int argc, char** argv) {
     std::printf("model: %s (id \"%s\": dim %d, %d layers, vocab %d)\n", mt.name.c_str(), o.model_name.c_str(), mt.model.cfg.dim,
                 mt.model.cfg.n_layers, mt.model.cfg.vocab_size);
     std::printf("%s\n", study::startup_summary(eng).c_str());
-    std::printf("edge: %d completions at once, %d connections open, requests within %s s (silent at most %s s), headers up to %d KiB, "
+    std::printf("edge: %d completions at once, up to %d connections open, requests within %s s (silent at most %s s), headers up to %d KiB, "
                 "bodies up to %d KiB, %s\n",
                 o.max_connections, o.max_open_connections, cli::number_text(o.request_timeout).c_str(), cli::number_text(o.read_timeout).c_str(),
                 o.max_header_kib, o.max_body_kib,

@@ -522,6 +522,14 @@ TEST_CASE("/metrics passes promtool check metrics") {
     const std::string page = scraped.second;
     srv.stop();
     CHECK(page.find("pagedkv:num_requests_running{model_name=\"tiny \\\"story\\\" model\\\\1\"} 0\n") != std::string::npos);
+    // vLLM's request histograms count the three finished requests: their
+    // phases, and 40 output tokens each.
+    const std::vector<sse::Sample> m = sse::samples(page);
+    for (const char* h : {"queue_time_seconds", "prefill_time_seconds", "decode_time_seconds", "inference_time_seconds", "prompt_tokens",
+                          "generation_tokens"})
+        CHECK_MESSAGE(sse::value(m, std::string("pagedkv:request_") + h + "_count") == 3, h);
+    CHECK(sse::value(m, "pagedkv:request_generation_tokens_sum") == 120);
+    CHECK(sse::value(m, "pagedkv:request_success_total", "finished_reason=\"length\"") == 3);
     const std::string path = (fs::temp_directory_path() / ("pagedkv_metrics_" + std::to_string(::getpid()))).string();
     auto check = [&](const std::string& text) {
         std::ofstream(path) << text;

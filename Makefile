@@ -21,6 +21,8 @@
 #                   (make cuda-ci: only the sources with device code, as CI does)
 #   make tsan       the kernel tests under ThreadSanitizer (emulated kernels), and
 #                   build/serve under ThreadSanitizer with concurrent clients
+#   make soak       build/serve under a long mixed load (2,000 requests with aborts, slow
+#                   readers, a slowloris neighbour): /health fast, memory flat (also in make test)
 #   make serve      build and start the HTTP server (examples/serve.cpp) on
 #                   127.0.0.1:8000 (SERVE_ARGS="--port 9000 ..." to change)
 #   make studies    every study (build/study) on the CPU and on the simulated GPU: tables on
@@ -94,18 +96,19 @@ test_opt    = $(if $(filter $(OPT_SUITES),$(basename $(notdir $@))),,$(TEST_OPT)
 DEPS        := build/deps
 DOCTEST_INC ?=
 CXXFLAGS += $(if $(DOCTEST_INC),-I$(DOCTEST_INC)) -isystem $(DEPS)/include
-# The HTTP example (build/serve, build/loadgen, tests/test_serve.cpp) also
-# needs cpp-httplib and nlohmann/json: tests/get_deps.sh installs them (as
-# root) or unpacks the Debian packages into build/deps, and writes the flags
-# Debian's build of cpp-httplib must be compiled and linked with into
-# $(DEPS)/http.flags and $(DEPS)/http.libs (read when a recipe runs). Nothing
-# else needs them: `make run` and every other program build without.
+# The HTTP example (build/serve, build/loadgen, the serve suites) also needs
+# Boost.Beast and Boost.Asio (the server), cpp-httplib (the clients) and
+# nlohmann/json: tests/get_deps.sh installs them (as root) or unpacks the
+# Debian packages into build/deps, and writes the flags Debian's build of
+# cpp-httplib must be compiled and linked with into $(DEPS)/http.flags and
+# $(DEPS)/http.libs (read when a recipe runs). Nothing else needs them: `make
+# run` and every other program build without.
 HTTP_PROGRAMS := serve loadgen
 HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
 HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
 .PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
-        exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve
+        exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve soak
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
@@ -116,7 +119,12 @@ $(BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
-$(addprefix $(BUILD)/,$(HTTP_PROGRAMS)): $(BUILD)/%: examples/%.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
+# build/serve is Boost.Beast on Boost.Asio (header-only); build/loadgen a
+# cpp-httplib client.
+$(BUILD)/serve: examples/serve.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $< -o $@ -pthread
+$(BUILD)/loadgen: examples/loadgen.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(HTTP_CFLAGS) $< -o $@ $(HTTP_LIBS)
 
@@ -124,12 +132,15 @@ $(BUILD)/%: tools/%.cpp $(HEADERS) $(wildcard tools/*.hpp)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $< -o $@
 
-$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
+# (tests/serve_util.hpp is the serve suites' alone.)
+TEST_HEADERS := $(filter-out tests/serve_util.hpp,$(wildcard tests/*.hpp))
+$(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(TEST_HEADERS) | check-doctest
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(test_opt) -c $< -o $@
 
-# tests/test_serve.cpp talks HTTP: it needs the HTTP libraries too.
-$(BUILD)/obj/tests/test_serve.o: tests/test_serve.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
+# The serve suites talk HTTP: they need the HTTP libraries too.
+HTTP_TESTS := test_serve test_serve_edge
+$(patsubst %,$(BUILD)/obj/tests/%.o,$(HTTP_TESTS)): $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(test_opt) $(HTTP_CFLAGS) -c $< -o $@
 
@@ -154,6 +165,10 @@ serve: $(BUILD)/serve
 # table, the flag fuzz), so everything is built first.
 test: all
 	./$(BUILD)/tests
+
+# The soak alone (tests/test_serve_edge.cpp, suite "soak"; about 10 s here).
+soak: $(BUILD)/tests $(BUILD)/serve
+	./$(BUILD)/tests -ts=soak
 
 bench: $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
@@ -272,7 +287,7 @@ NVCCFLAGS   ?= $(NVCC_OPT) -std=c++20 --fmad=false $(CUDA_ARCH) -Xcompiler -Wall
 # run (tests/gpu_check.sh) must not depend on fetching packages. `make
 # cuda-serve` builds the server with nvcc, for --device cuda.
 CUDA_EXAMPLES  := $(filter-out $(HTTP_PROGRAMS),$(EXAMPLES))
-CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out tests/test_serve.cpp,$(TEST_SRCS)))
+CUDA_TEST_OBJS := $(patsubst tests/%.cpp,$(CUDA_BUILD)/obj/tests/%.o,$(filter-out $(patsubst %,tests/%.cpp,$(HTTP_TESTS)),$(TEST_SRCS)))
 
 .PHONY: cuda-examples cuda-serve cuda-ci
 # What CI builds with nvcc, having no GPU to run the rest on: the sources with
@@ -298,11 +313,15 @@ $(CUDA_BUILD)/%: lab/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -x cu $< -o $@ -lgomp
 
-# nvcc takes the link flags in its own spelling.
+# nvcc's front end (CUDA 13) cannot parse Asio's variable templates and
+# concepts, nor Beast's use of std::source_location: the three macros make
+# Boost use its plainer forms of the same (error codes then carry no source
+# line). -pthread goes on to the host compiler.
+BOOST_NVCC_FLAGS := -DBOOST_ASIO_DISABLE_VARIABLE_TEMPLATES -DBOOST_ASIO_DISABLE_CONCEPTS -DBOOST_DISABLE_CURRENT_LOCATION
 cuda-serve: $(CUDA_BUILD)/serve
 $(CUDA_BUILD)/serve: examples/serve.cpp $(HEADERS) $(HTTP_HEADERS) | check-httpdeps
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(HTTP_CFLAGS) -x cu $< -o $@ -lgomp $$(sed -e 's/-pthread/-Xcompiler -pthread/' -e 's/-Wl,/-Xlinker /' $(DEPS)/http.libs)
+	$(NVCC) $(NVCCFLAGS) $(BOOST_NVCC_FLAGS) -x cu $< -o $@ -lgomp -Xcompiler -pthread
 
 $(CUDA_BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | check-doctest
 	@mkdir -p $(@D)

@@ -85,6 +85,10 @@ struct EngineConfig {
     // a byte budget: kv_cache_bytes > 0 derives num_blocks from it.
     KVDtype kv_dtype = KVDtype::kF32;
     uint64_t kv_cache_bytes = 0;
+    // Every latency sample kept (exact percentiles for a report), or false:
+    // histogram buckets only, for a server whose memory must not grow with
+    // the requests it serves (core/metrics.hpp section 1; examples/serve.cpp).
+    bool keep_latency_samples = true;
 };
 
 class Engine {
@@ -102,6 +106,7 @@ public:
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching), sched_(cfg_.sched, pool_),
           clock_(clock ? clock : &wall_clock_), log_(clock_->now()) {
         runner_->init_kv_cache(geo_, cfg_.sched.swap_space_blocks);
+        metrics_.keep_samples(cfg_.keep_latency_samples);
     }
     // The scheduler refers to pool_, requests into its queues: no copies.
     Engine(const Engine&) = delete;
@@ -218,10 +223,19 @@ public:
         return e.empty() ? sched_.policy().check_invariants(sched_) : e;
     }
 
+    // The caller is done with a finished request: forget it (Scheduler::release).
+    bool release(int id) { return sched_.release(id); }
+
     // The periodic line (its throughputs average since the previous line, on
-    // demand or periodic alike) and the Prometheus text (core/metrics.hpp).
+    // demand or periodic alike) and the Prometheus text (core/metrics.hpp),
+    // its samples labelled with `labels` (model_name="..."). The gauges are
+    // read as of the call: between steps an abort frees blocks and a new
+    // request waits, and an idle engine takes no step to notice.
     std::string log_line() { return log_.line(metrics_, clock_->now()); }
-    std::string prometheus() const { return prometheus_text(metrics_); }
+    std::string prometheus(const std::string& labels = "") {
+        refresh_gauges();
+        return prometheus_text(metrics_, labels);
+    }
 
 private:
     // Size the KV cache against the model and the runner's memory before
@@ -342,7 +356,7 @@ private:
             const FinishReason why = stop_reason(r, token);
             if (why == FinishReason::kNone) continue;
             sched_.finish(r, why, t);
-            metrics_.on_finished(t - r.arrival_time, r.num_preemptions);
+            metrics_.on_finished(t - r.arrival_time, r.num_preemptions, why != FinishReason::kStop);
             emit({EventType::kFinished, r.id, t, -1, -1, why});
         }
     }
@@ -360,6 +374,9 @@ private:
         return FinishReason::kNone;
     }
 
+    int num_waiting() const { return (int)(sched_.waiting().size() + sched_.policy().num_held()); }
+    void refresh_gauges() { metrics_.set_gauges(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting()); }
+
     bool abort_pending(int id) const { return std::find(pending_aborts_.begin(), pending_aborts_.end(), id) != pending_aborts_.end(); }
     void emit(const StreamEvent& e) { if (on_event) on_event(e); }
 
@@ -367,8 +384,7 @@ private:
     // requests' blocks are back in the pool; requests a policy holds count as
     // waiting, and its own counters are copied in too.
     void end_step() {
-        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(),
-                             (int)(sched_.waiting().size() + sched_.policy().num_held()), sched_.stats());
+        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting(), sched_.stats());
         sched_.policy().report(metrics_);
         clock_->on_step_end();
         if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());

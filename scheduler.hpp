@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -230,8 +231,13 @@ public:
     const BlockPool& pool() const { return pool_; }
     SchedulerPolicy& policy() { return *policy_; }
     const SchedulerPolicy& policy() const { return *policy_; }
-    Request* request(int id) { return id >= 0 && id < (int)requests_.size() ? requests_[id].get() : nullptr; }
-    int num_requests() const { return (int)requests_.size(); }
+    Request* request(int id) {
+        const auto it = requests_.find(id);
+        return it == requests_.end() ? nullptr : it->second.get();
+    }
+    // Requests added so far: ids run 0 .. num_requests() - 1 (a released one
+    // is gone from request()).
+    int num_requests() const { return next_id_; }
     bool has_unfinished() const { return !running_.empty() || !waiting_.empty() || policy_->num_held() > 0; }
 
     // Register a request, or reject it at once with a reason: the caller found
@@ -239,18 +245,18 @@ public:
     // "Never" means that alone in an empty pool it would preempt everyone,
     // then itself, forever. The constructor made max_model_len fit the pool,
     // so what cannot run is a prompt that leaves no room under max_model_len.
-    // requests_ keeps every request for the report at the end; a server
-    // would drop finished ones.
+    // requests_ keeps every request for the report at the end; a server,
+    // which has no end, releases each one it is done with (release()).
     Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now, const std::string& invalid = "") {
         auto r = std::make_unique<Request>();
-        r->id = (int)requests_.size();
+        r->id = next_id_;
         if (prompt.size() > (size_t)INT32_MAX) throw std::length_error("add_request: a prompt of more than 2^31 - 1 tokens");
         r->tokens = std::move(prompt);
         r->num_prompt_tokens = (int)r->tokens.size();
         r->params = params;
         r->arrival_time = now;
         Request* req = r.get();
-        requests_.push_back(std::move(r));
+        requests_.emplace(next_id_++, std::move(r));
         std::string shed;
         if (!invalid.empty()) reject(*req, invalid, false, now);
         else if (req->num_prompt_tokens == 0) reject(*req, "empty prompt", false, now);
@@ -370,10 +376,22 @@ public:
         return true;
     }
 
+    // Forget a finished request: its memory is freed and request(id) is
+    // nullptr from now on. A server calls it for each request it is done
+    // with (examples/serve.cpp), so its memory does not grow with the number
+    // of requests served. false, changing nothing, for an unfinished or
+    // unknown id: only a finished request holds no blocks and is in no queue.
+    bool release(int id) {
+        const auto it = requests_.find(id);
+        if (it == requests_.end() || !it->second->finished()) return false;
+        requests_.erase(it);
+        return true;
+    }
+
     // Every block table that holds blocks (core/block_pool_check.hpp).
     std::vector<const std::vector<int32_t>*> all_block_tables() const {
         std::vector<const std::vector<int32_t>*> t;
-        for (const auto& r : requests_)
+        for (const auto& [id, r] : requests_)
             if (!r->block_table.blocks.empty()) t.push_back(&r->block_table.blocks);
         return t;
     }
@@ -457,7 +475,8 @@ private:
     BlockPool& pool_;
     std::unique_ptr<SchedulerPolicy> policy_;  // the card's answers unless cfg_.policy made another
     SchedulerStats stats_;
-    std::vector<std::unique_ptr<Request>> requests_;  // [num requests] by id, never shrinks
+    std::map<int, std::unique_ptr<Request>> requests_;  // by id: every request not released
+    int next_id_ = 0;                                   // the id add_request hands out next
     std::deque<Request*> waiting_;                    // front = next to admit
     std::vector<Request*> running_;                   // admission order: back = newest
 };

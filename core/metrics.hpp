@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pkv {
@@ -31,19 +32,63 @@ namespace pkv {
 // percentiles are then estimated from buckets at query time
 // (histogram_quantile in PromQL): cheap at any scale, approximate. Keeping
 // every sample is exact but grows with the run; fine for the runs here, not
-// for a server that runs for weeks.
+// for a server that runs for weeks. So every observation is also counted into
+// fixed histogram buckets, vLLM's, which is all the Prometheus text (section
+// 4) needs, and a server turns the samples off (keep = false, through
+// EngineConfig::keep_latency_samples): its memory then stays flat.
+
+// A Prometheus histogram: a count per bucket, the buckets fixed at
+// construction. Its memory never grows with the observations.
+struct Histogram {
+    std::vector<double> le;  // [buckets] upper bounds, increasing; +Inf is implied
+    std::vector<long> n;     // [buckets + 1] observations per bucket, not cumulative; the last: above every bound
+    double sum = 0;
+    long count = 0;
+    Histogram() : n(1, 0) {}
+    explicit Histogram(std::vector<double> bounds) : le(std::move(bounds)), n(le.size() + 1, 0) {}
+    void add(double x) {
+        // The first bound >= x: bucket le="b" holds the observations <= b.
+        n[(size_t)(std::lower_bound(le.begin(), le.end(), x) - le.begin())]++;
+        sum += x;
+        count++;
+    }
+};
+
+// vLLM's bucket ladders (vllm/v1/metrics/loggers.py, vLLM 0.10), one per
+// kind of latency, so that a vLLM dashboard's histogram_quantile reads ours
+// the same way: time to first token from 1 ms, the gap between two tokens
+// from 10 ms, whole requests (and their queue, prefill and decode phases)
+// from 0.3 s.
+inline std::vector<double> ttft_buckets() {
+    return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+}
+inline std::vector<double> itl_buckets() {
+    return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+inline std::vector<double> request_latency_buckets() {
+    return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+
 struct LatencySamples {
-    std::vector<double> v;  // [count] one entry per observation, arrival order
-    void add(double x) { v.push_back(x); }
-    size_t count() const { return v.size(); }
-    double sum() const { double s = 0; for (double x : v) s += x; return s; }
+    std::vector<double> v;  // [count] one entry per observation, arrival order (only while keep)
+    Histogram hist;         // every observation, counted into its buckets
+    bool keep = true;       // keep each sample (exact percentiles); false: the histogram alone
+    LatencySamples() = default;
+    explicit LatencySamples(std::vector<double> buckets) : hist(std::move(buckets)) {}
+    void add(double x) {
+        if (keep) v.push_back(x);
+        hist.add(x);
+    }
+    size_t count() const { return (size_t)hist.count; }
+    double sum() const { return hist.sum; }
     // Nearest-rank percentile, p in [0, 100]. 0 when empty.
     // The smallest sample that at least p% of the samples do not exceed: always
     // a value that was really observed, never an interpolation. Selects from
     // a copy on every call (linear time, std::nth_element): meant for
-    // end-of-run reports, not for the step loop.
+    // end-of-run reports, not for the step loop. Only kept samples have one.
     double percentile(double p) const {
         if (!(p >= 0.0 && p <= 100.0)) throw std::invalid_argument("percentile: p must be in [0, 100]");
+        if (!keep) throw std::logic_error("percentile: these samples are not kept (keep = false): only their histogram is");
         if (v.empty()) return 0.0;
         std::vector<double> s = v;
         const size_t rank = (size_t)std::ceil(p / 100.0 * (double)s.size());
@@ -81,8 +126,10 @@ struct Metrics {
     long prefix_cache_queries = 0;     // tokens
     long prefix_cache_hits = 0;        // tokens
     // vLLM counts finished requests in one counter labelled by finish reason;
-    // we keep separate counters, so the report needs no label parsing.
+    // we keep separate counters, so the report needs no label parsing (the
+    // Prometheus text labels them as vLLM does, section 4).
     long num_requests_finished = 0;  // completed: stop token or a length limit
+    long num_requests_length = 0;    // of those, ended by a length limit (max_tokens, max_model_len)
     long num_requests_aborted = 0;
     long num_requests_rejected = 0;
     long num_requests_failed = 0;    // finished with an error in their forward pass
@@ -107,10 +154,16 @@ struct Metrics {
     // Latencies (clock seconds).
     // Only requests that finished normally feed e2e_request_latency and
     // request_preemptions; aborted and rejected ones have their own counters.
-    LatencySamples inter_token_latency;
-    LatencySamples time_to_first_token;
-    LatencySamples e2e_request_latency;
-    LatencySamples request_preemptions;  // per finished request
+    LatencySamples inter_token_latency{itl_buckets()};
+    LatencySamples time_to_first_token{ttft_buckets()};
+    LatencySamples e2e_request_latency{request_latency_buckets()};
+    LatencySamples request_preemptions{{0, 1, 2, 4, 8, 16, 32}};  // per finished request
+
+    // Keep every latency sample (exact percentiles), or only histogram buckets
+    // (flat memory, for a server: section 1).
+    void keep_samples(bool keep) {
+        for (LatencySamples* l : {&inter_token_latency, &time_to_first_token, &e2e_request_latency, &request_preemptions}) l->keep = keep;
+    }
 
     // A token reached its client at `t`. Time to first token counts from
     // arrival, queueing included; an inter-token gap across a preemption
@@ -120,11 +173,20 @@ struct Metrics {
         else inter_token_latency.add(t - last);
         generation_tokens_total++;
     }
-    // A request finished normally (a stop token or a length limit).
-    void on_finished(double e2e_seconds, int num_preemptions) {
+    // A request finished normally (a stop token, or a length limit: by_length).
+    void on_finished(double e2e_seconds, int num_preemptions, bool by_length) {
         num_requests_finished++;
+        num_requests_length += by_length;
         e2e_request_latency.add(e2e_seconds);
         request_preemptions.add(num_preemptions);
+    }
+    // The gauges as of now: at a step's end, and whenever they are read
+    // between steps (Engine::prometheus), when an abort may have changed them.
+    void set_gauges(double kv_usage, int running, int waiting) {
+        kv_cache_usage_perc = kv_usage;
+        max_kv_cache_usage_perc = std::max(max_kv_cache_usage_perc, kv_usage);
+        num_requests_running = running;
+        num_requests_waiting = waiting;
     }
     // A step's swap copies (a swapping policy's): blocks each way, block_bytes each.
     void on_swap(size_t blocks_out, size_t blocks_in, size_t block_bytes) {
@@ -136,10 +198,7 @@ struct Metrics {
     // hits happen), copied in.
     void on_step_end(double kv_usage, int running, int waiting, const SchedulerStats& s) {
         num_steps++;
-        kv_cache_usage_perc = kv_usage;
-        max_kv_cache_usage_perc = std::max(max_kv_cache_usage_perc, kv_usage);
-        num_requests_running = running;
-        num_requests_waiting = waiting;
+        set_gauges(kv_usage, running, waiting);
         num_preemptions_total = s.num_preemptions_total;
         prefix_cache_queries = s.prefix_cache_queries;
         prefix_cache_hits = s.prefix_cache_hits;
@@ -197,30 +256,63 @@ private:
 // and le="+Inf" equals _count. Prometheus reserves colons in names for
 // recording rules by convention; vLLM uses the "vllm:" prefix anyway, and
 // we mirror it so dashboards written for vLLM need only a rename. vLLM
-// also attaches labels (model name, engine); one engine, one model here.
-// Buckets are computed from the kept samples at scrape time, one pass per
-// bucket: simple, and a scrape of a tutorial-sized run is instant.
-inline std::string prometheus_text(const Metrics& m) {
+// labels every sample with the served model's name (model_name, which its
+// Grafana dashboard filters on) and the engine's index; we do the first:
+// `labels` is a label list such as model_name="built-in" (examples/serve.cpp
+// passes it), or "" for none. Finished requests are one family, as in vLLM:
+// request_success_total{finished_reason="stop"|"length"|"abort"} (vLLM
+// counts aborted requests there too). Histograms are read from their fixed
+// buckets (section 1): a scrape costs the same after a billion observations.
+// The helpers also write the families a server adds of its own (serve.cpp).
+
+// Two label lists as one: model_name="m" and le="0.1" give model_name="m",le="0.1".
+inline std::string label_join(const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + "," + b; }
+// A label's value as the text format quotes it: \, " and newline escaped.
+inline std::string prometheus_escape(const std::string& v) {
+    std::string e;
+    for (char c : v) e += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+    return e;
+}
+// A label list as a sample writes it: in braces, or nothing when empty.
+inline std::string prometheus_labels(const std::string& l) { return l.empty() ? "" : "{" + l + "}"; }
+
+// A family's "# HELP" and "# TYPE" lines.
+inline void prometheus_family(std::ostream& o, const std::string& type, const std::string& name, const std::string& help) {
+    o << "# HELP pagedkv:" << name << " " << help << "\n# TYPE pagedkv:" << name << " " << type << "\n";
+}
+
+// One sample. `v` keeps the type the caller passes (long for counters,
+// double for gauges), because an ostream prints the two differently once a
+// value passes 999999 (1234567 vs 1.23457e+06): keep the casts at the call
+// sites to keep the output.
+template <class T>
+inline void prometheus_sample(std::ostream& o, const std::string& name, const std::string& labels, T v) {
+    o << "pagedkv:" << name << prometheus_labels(labels) << " " << v << "\n";
+}
+
+// A histogram family: cumulative buckets, +Inf, _sum and _count.
+inline void prometheus_histogram(std::ostream& o, const std::string& name, const std::string& help, const Histogram& h,
+                                 const std::string& labels) {
+    prometheus_family(o, "histogram", name, help);
+    long below = 0;
+    for (size_t k = 0; k < h.le.size(); ++k) {
+        below += h.n[k];
+        std::ostringstream le;
+        le << "le=\"" << h.le[k] << "\"";
+        o << "pagedkv:" << name << "_bucket" << prometheus_labels(label_join(labels, le.str())) << " " << below << "\n";
+    }
+    o << "pagedkv:" << name << "_bucket" << prometheus_labels(label_join(labels, "le=\"+Inf\"")) << " " << h.count << "\n";
+    o << "pagedkv:" << name << "_sum" << prometheus_labels(labels) << " " << h.sum << "\n";
+    o << "pagedkv:" << name << "_count" << prometheus_labels(labels) << " " << h.count << "\n";
+}
+
+inline std::string prometheus_text(const Metrics& m, const std::string& labels = "") {
     std::ostringstream o;
-    // A counter or a gauge: one sample, no labels. `v` keeps the type the
-    // caller passes (long for counters, double for gauges), because an
-    // ostream prints the two differently once a value passes 999999
-    // (1234567 vs 1.23457e+06): keep the casts below to keep the output.
+    // A counter or a gauge: one sample.
     auto scalar = [&](const char* type, const char* name, const char* help, auto v) {
-        o << "# HELP pagedkv:" << name << " " << help << "\n# TYPE pagedkv:" << name << " " << type << "\npagedkv:" << name << " " << v << "\n";
+        prometheus_family(o, type, name, help);
+        prometheus_sample(o, name, labels, v);
     };
-    auto histogram = [&](const char* name, const char* help, const LatencySamples& s, const std::vector<double>& buckets) {
-        o << "# HELP pagedkv:" << name << " " << help << "\n# TYPE pagedkv:" << name << " histogram\n";
-        for (double b : buckets) {
-            long n = (long)std::count_if(s.v.begin(), s.v.end(), [&](double x) { return x <= b; });
-            o << "pagedkv:" << name << "_bucket{le=\"" << b << "\"} " << n << "\n";
-        }
-        o << "pagedkv:" << name << "_bucket{le=\"+Inf\"} " << s.count() << "\n";
-        o << "pagedkv:" << name << "_sum " << s.sum() << "\npagedkv:" << name << "_count " << s.count() << "\n";
-    };
-    // 1 ms to 100 s: wide enough that a one-step token gap and a pause of
-    // hundreds of steps land in different buckets.
-    const std::vector<double> lat = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100};
     scalar("counter", "num_preemptions_total", "Requests preempted (KV cache out of free blocks).", m.num_preemptions_total);
     scalar("counter", "prompt_tokens_total", "Prompt tokens computed for the first time.", m.prompt_tokens_total);
     scalar("counter", "generation_tokens_total", "Output tokens emitted.", m.generation_tokens_total);
@@ -234,17 +326,20 @@ inline std::string prometheus_text(const Metrics& m) {
     scalar("gauge", "swap_space_usage_perc", "Fraction of host swap slots in use (0..1).", m.swap_space_usage_perc);
     scalar("counter", "prefix_cache_queries_total", "Tokens looked up in the prefix cache.", m.prefix_cache_queries);
     scalar("counter", "prefix_cache_hits_total", "Tokens served by the prefix cache.", m.prefix_cache_hits);
-    scalar("counter", "request_success_total", "Requests completed (stop token or length limit).", m.num_requests_finished);
-    scalar("counter", "request_aborted_total", "Requests aborted by the client.", m.num_requests_aborted);
+    prometheus_family(o, "counter", "request_success_total", "Requests finished, by reason: stop (a stop token), length (a length limit), abort (the client left).");
+    prometheus_sample(o, "request_success_total", label_join(labels, "finished_reason=\"stop\""), m.num_requests_finished - m.num_requests_length);
+    prometheus_sample(o, "request_success_total", label_join(labels, "finished_reason=\"length\""), m.num_requests_length);
+    prometheus_sample(o, "request_success_total", label_join(labels, "finished_reason=\"abort\""), m.num_requests_aborted);
+    scalar("counter", "request_aborted_total", "Requests aborted by the client (request_success_total's abort).", m.num_requests_aborted);
     scalar("counter", "request_rejected_total", "Requests rejected at admission.", m.num_requests_rejected);
     scalar("counter", "request_failed_total", "Requests finished by an error in their forward pass.", m.num_requests_failed);
     scalar("gauge", "kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", m.kv_cache_usage_perc);
     scalar("gauge", "num_requests_running", "Requests in the running set.", (double)m.num_requests_running);
     scalar("gauge", "num_requests_waiting", "Requests waiting (new or preempted).", (double)m.num_requests_waiting);
-    histogram("inter_token_latency_seconds", "Time between consecutive tokens of a request.", m.inter_token_latency, lat);
-    histogram("time_to_first_token_seconds", "Arrival to first token.", m.time_to_first_token, lat);
-    histogram("e2e_request_latency_seconds", "Arrival to finish.", m.e2e_request_latency, lat);
-    histogram("request_preemptions", "Preemptions per finished request.", m.request_preemptions, {0, 1, 2, 4, 8, 16, 32});
+    prometheus_histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", m.inter_token_latency.hist, labels);
+    prometheus_histogram(o, "time_to_first_token_seconds", "Arrival to first token.", m.time_to_first_token.hist, labels);
+    prometheus_histogram(o, "e2e_request_latency_seconds", "Arrival to finish.", m.e2e_request_latency.hist, labels);
+    prometheus_histogram(o, "request_preemptions", "Preemptions per finished request.", m.request_preemptions.hist, labels);
     return o.str();
 }
 

@@ -18,7 +18,9 @@
 //   build/loadgen --port 8000 --svg build/itl.svg   (the chart: a cliff at each pause)
 //
 // Works against any OpenAI-compatible server; the comments ": pagedkv
-// preempted" and the /metrics section are pagedkv's.
+// preempted" and the /metrics section are pagedkv's. A server that misbehaves
+// (a chunk of the wrong shape, a stream that never ends or ends without
+// [DONE]) fails its request, with the reason printed, never loadgen itself.
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -45,7 +47,7 @@ struct Options {
     bool chat = false;
     int requests = 24, prompt_words = 31, max_tokens = 96, retries = 0;
     double rate = 0;  // requests per second; 0 = all at once
-    double temperature = 0, timeout = 600;
+    double temperature = 0, timeout = 600, deadline = 600;
     uint64_t seed = 1;
     bool ignore_eos = true, token_ids = true, json = false;
 };
@@ -68,6 +70,7 @@ Options parse(int argc, char** argv) {
     p.integer("--seed", &o.seed, 0, std::numeric_limits<int64_t>::max(), "prompts, arrivals and sampling seeds");
     p.integer("--retries", &o.retries, 0, 100, "retries of a request answered 429 (after its Retry-After)");
     p.real("--timeout", &o.timeout, 1, 86400, "seconds a stream may stay silent before we give up on it");
+    p.real("--deadline", &o.deadline, 0.1, 86400, "seconds a whole request may take, however its bytes come; then we give up on it");
     p.flag("--json", &o.json, "one JSON object on stdout (summary + every request), nothing else");
     p.text("--svg", &o.svg_path, "FILE", "write the chart: inter-token gaps over time, and a few streams' progress");
     p.parse(argc, argv);
@@ -226,7 +229,10 @@ void write_chart(const Options& o, const std::vector<Result>& rs, double t0, dou
 int run(int argc, char** argv) {
     const Options o = parse(argc, argv);
     ::signal(SIGPIPE, SIG_IGN);  // a server that hangs up must not kill us
-    sse::Target t{o.host, o.port, o.timeout};
+    // Each stream is bounded three ways: a silence (--timeout), its whole
+    // time (--deadline) and its tokens (more than --max-tokens is an error:
+    // a server that streams past max_tokens never ends otherwise).
+    sse::Target t{o.host, o.port, o.timeout, o.deadline, o.max_tokens};
 
     // Arrival times: all at once, or exponential gaps of mean 1/rate.
     std::vector<double> arrival(o.requests, 0.0);
@@ -249,7 +255,15 @@ int run(int argc, char** argv) {
     for (int i = 0; i < o.requests; ++i) {
         const double wait = t0 + arrival[i] - sse::now();
         if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-        threads.emplace_back([&, i] { rs[i] = run_one(o, t, i); });
+        threads.emplace_back([&, i] {
+            // Nothing a request meets may end the whole run (an exception
+            // escaping a thread would abort it): it fails that request alone.
+            try {
+                rs[i] = run_one(o, t, i);
+            } catch (const std::exception& e) {
+                rs[i].last.error = std::string("loadgen could not run it: ") + e.what();
+            }
+        });
     }
     for (std::thread& th : threads) th.join();
     const double t1 = sse::now();
@@ -320,7 +334,8 @@ int run(int argc, char** argv) {
                             {"preempted", p}, {"finish_reason", r.last.finish_reason}, {"error", r.last.error}});
         }
         j["requests"] = reqs;
-        std::printf("%s\n", j.dump().c_str());
+        // (replace: a server's bytes in an error may be invalid UTF-8)
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     } else {
         std::printf("loadgen: %d streaming requests to http://%s:%d%s, %s; %d-word prompts, %d output tokens each%s\n", o.requests,
                     o.host.c_str(), o.port, o.chat ? "/v1/chat/completions" : "/v1/completions",

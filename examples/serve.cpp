@@ -12,31 +12,38 @@
 //
 // ---- the threads ---------------------------------------------------------------
 //
-//   listener       cpp-httplib's accept loop (main's thread): each connection
-//                  it accepts goes to the ConnectionQueue.
-//   workers        --max-connections threads, one per connection being served:
-//                  read the request, check it, hand it to the engine, and write
-//                  the answer -- for a stream, chunk by chunk as tokens arrive.
-//                  One request per connection (no keep-alive), so an idle
-//                  client never holds a worker for long.
-//   rejecters      two threads that answer the connections beyond that cap
-//                  with a fast 429, so a flood cannot queue up behind streams.
-//   engine         the only thread that ever touches the Engine. It loops:
-//                  take what the workers handed over, run one step, repeat;
-//                  it sleeps when there is nothing to do.
-//   signals        waits for Ctrl-C or SIGTERM, then stops the listener.
+//   I/O        main's thread, running Boost.Asio's event loop: it accepts
+//              connections, reads requests, checks them, hands them to the
+//              engine and writes every answer -- for a stream, chunk by chunk
+//              as tokens arrive. Nothing on it ever waits: every read, write
+//              and timer is asynchronous, so one thread carries any number of
+//              connections, streaming, idle or slow, and /health is answered
+//              at once whatever the others do.
+//   engine     the only thread that ever touches the Engine. It loops: take
+//              what the I/O thread handed over, run one step, hand the step's
+//              events back; it sleeps when there is nothing to do.
 //
-// ---- the hand-over ---------------------------------------------------------------
+// Why not a thread per connection (what cpp-httplib, the library llama.cpp's
+// server is built on, does)? Then every connection holds a thread for as long as it
+// lasts, so the thread count caps the connections: a few hundred idle
+// sockets, or a few dozen clients sending their headers one byte a second,
+// hold every thread, and a new client, /health included, gets no answer at
+// all. With one event loop an idle connection costs a socket and a timer.
+// Boost.Beast (Boost's HTTP library, on Boost.Asio) parses the requests,
+// bounding the size of their headers and bodies, and frames the answers.
+//
+// ---- the hand-over -------------------------------------------------------------
 //
 // pkv::Engine is single-threaded by design (engine.hpp): its step() mutates
-// the scheduler, the block pool and every request. So a worker never calls
-// it. It puts an Item (a new request, an abort, a metrics scrape) into the
-// EngineLoop's inbox -- a deque under a mutex, with a condition variable that
-// wakes the engine thread -- and waits on its own Channel: a small mailbox
-// (mutex, condition variable, deque of StreamEvents) that the engine thread
-// fills from Engine::on_event. Between two steps the engine thread drains the
-// inbox, so an abort takes effect before the next step schedules anyone, as
-// in vLLM, and the blocks it frees are free for that step.
+// the scheduler, the block pool and every request. So the I/O thread never
+// calls it. It puts an Item (a new request, an abort, a metrics scrape) into
+// the EngineLoop's inbox -- a deque under a mutex, with a condition variable
+// that wakes the engine thread. Between two steps the engine thread drains
+// the inbox, so an abort takes effect before the next step schedules anyone,
+// as in vLLM, and the blocks it frees are free for that step. What the
+// engine says back (a request's admission, its tokens, its end) is collected
+// during the step and posted to the I/O thread in one batch after it: one
+// wake-up per step, however many streams there are.
 //
 // ---- what a pause looks like to the client ----------------------------------------
 //
@@ -51,62 +58,116 @@
 // --sse-comments off) we send ": pagedkv preempted" and ": pagedkv resumed"
 // where the pause begins and ends; `curl -N` shows them.
 //
-// ---- shedding at the edge, and bad input ---------------------------------------------
+// ---- an edge that outlasts its clients -------------------------------------------
 //
-// With --max-waiting N, a request that finds N requests already waiting
-// (new or preempted, plus those handed over and not yet taken) is answered
-// 429 with Retry-After at once, by the worker, without waiting for a step: a
-// fast "try again" a client or router can act on, instead of a stream that
-// stalls behind a queue the engine cannot drain. The scheduler applies the
-// same limit at its door (SchedulerConfig::max_waiting) and says "retryable"
-// if a request slipped past our count during a step; that is a 429 too,
-// after at most one step. Bad input gets a 4xx with an OpenAI-style error
-// body and never reaches the engine: a body over --max-body-kib (413), a
-// request that arrives too slowly (--read-timeout: 400), malformed JSON,
-// wrong types, unknown fields, ids out of range, max_tokens past the context
-// (400), a model we do not serve (404), too many connections (429).
+// Whatever a client does, the others are served:
+//   - A request must arrive whole (headers and body) within --request-timeout
+//     of its connection's accept, and never fall silent for longer than
+//     --read-timeout: a slow or silent client is answered 408 and closed (a
+//     connection that never sent a byte is just closed).
+//   - Headers are bounded in size (--max-header-kib: 431), bodies too
+//     (--max-body-kib: 413), so a client cannot make us hold more memory than that.
+//   - --max-connections caps the completions answered at once; one more gets a
+//     fast 429 with Retry-After. /health, /metrics and /v1/models are never
+//     counted: a liveness probe and a scrape are answered at full load.
+//   - --max-open-connections caps the sockets; at the cap a new connection
+//     closes the oldest one still sending its request, so idle connections
+//     can never lock a client out.
+//   - A client that leaves is noticed at once, streamed or not: a pending read
+//     sees its end, and its request is aborted (its blocks freed) between two
+//     steps. A client that only shut its sending side (`nc -N` does) still
+//     gets its answer: the first bytes we send it tell the two apart (a client
+//     that closed its socket answers them with a reset).
+//   - A write that a client does not take within --write-timeout ends its
+//     answer, and the request is aborted.
+// With --max-waiting N, a request that finds N requests already waiting (new
+// or preempted, plus those handed over and not yet taken) is answered 429
+// with Retry-After at once, without waiting for a step: a fast "try again"
+// a client or router can act on, instead of a stream that stalls behind a
+// queue the engine cannot drain. The scheduler applies the same limit at its
+// door (SchedulerConfig::max_waiting) and says "retryable" if a request
+// slipped past our count during a step; that is a 429 too, after at most one
+// step. Bad input gets a 4xx with an OpenAI-style error body and never reaches
+// the engine: malformed JSON, wrong types, unknown fields, ids out of range,
+// max_tokens past the context (400), a model we do not serve (404).
 //
-// Known limits (a teaching server): requests stay in the scheduler's table
-// and latency samples in Metrics for the server's whole life (memory grows
-// with the number of requests served); one model; no TLS, no auth. The
-// per-read timeout bounds a silent client, not one that trickles a byte just
-// under every timeout: the connection cap bounds how many of those there can be.
-#include <httplib.h>
+// ---- shutting down ---------------------------------------------------------------
+//
+// The first SIGTERM or Ctrl-C stops accepting connections and closes those
+// still sending a request; answers in progress go on for up to
+// --shutdown-timeout. Then each stream still open ends with an error event
+// and "data: [DONE]" (a client raises the error: it cannot take the cut for a
+// whole answer), each body not yet sent is answered 503, and the server
+// exits (status 0). A second signal exits at once.
+//
+// ---- memory ------------------------------------------------------------------------
+//
+// Flat under a long run: the engine keeps latency histograms in fixed buckets,
+// not every sample (EngineConfig::keep_latency_samples), a finished request
+// is released from the scheduler's table (Engine::release) once the step
+// that finished it is over, and a connection's state goes with its socket. What
+// stays is per connection (bounded by the caps above) and per running request.
+// Known limits (a teaching server): one model; no TLS, no auth; one request
+// per connection (no keep-alive: every answer says Connection: close).
+
+// Under ThreadSanitizer (make tsan-serve): TSan does not model
+// std::atomic_thread_fence (g++ refuses it with -fsanitize=thread), which
+// Asio's "fenced blocks" use around a handler's call. They add nothing here:
+// one thread runs the event loop, and every hand-over from the engine thread
+// goes through the event loop's queue, under its mutex, which TSan does model.
+#if defined(__SANITIZE_THREAD__)
+#define BOOST_ASIO_DISABLE_FENCED_BLOCK
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BOOST_ASIO_DISABLE_FENCED_BLOCK
+#endif
+#endif
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
-#include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
-#include <atomic>
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <filesystem>
 #include <functional>
-#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "engine.hpp"
 #include "examples/cli.hpp"
+#include "examples/devices.hpp"
 #include "examples/openai_api.hpp"
 #include "examples/workload.hpp"
-#include "examples/devices.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
 
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+std::chrono::nanoseconds seconds(double s) { return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s)); }
 
 // ============================================================================
 // 1. Options
@@ -128,14 +189,42 @@ struct Options : study::Setup {
     std::string checkpoint, tokenizer, model_name;
     std::string host = "127.0.0.1";
     int port = 8000;
-    int max_connections = 32;   // workers: connections served at once
-    int max_body_kib = 256;     // request body cap
-    double read_timeout = 5.0;  // seconds a read may wait (and a new connection, for its request)
-    double write_timeout = 5.0; // seconds a write may wait for a client that does not read
-    bool sse_comments = true;   // ": pagedkv preempted" / ": pagedkv resumed" in streams
-    int step_delay_ms = 0;      // demo knob: sleep after every step
+    int max_connections = 32;          // completions answered at once
+    int max_open_connections = 0;      // sockets open at once; 0 = 1024, or what the open-file limit allows
+    int max_body_kib = 256;            // request body cap
+    int max_header_kib = 16;           // request line + headers cap
+    double request_timeout = 30.0;     // seconds for a whole request to arrive, from its accept
+    double read_timeout = 5.0;         // seconds a request may fall silent while it arrives
+    double write_timeout = 5.0;        // seconds a write may wait for a client that does not read
+    double shutdown_timeout = 5.0;     // seconds answers may go on after the first SIGTERM
+    bool sse_comments = true;          // ": pagedkv preempted" / ": pagedkv resumed" in streams
+    int step_delay_ms = 0;             // demo knob: sleep after every step
     bool log_requests = false;
 };
+
+// Every socket is an open file: the process's limit (ulimit -n) is raised to
+// fit --max-open-connections, or, when the hard limit cannot fit what the
+// flag asked for, that is an error. 0 (the default) takes 1024, or what the
+// limit allows; the startup line prints the number.
+void fit_file_limit(Options& o) {
+    const rlim_t spare = 64;  // the engine's, the model's and the process's own files
+    rlimit r{};
+    if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+    if (o.max_open_connections == 0) {
+        const rlim_t room = r.rlim_max > spare ? r.rlim_max - spare : 0;
+        o.max_open_connections = (int)std::min<rlim_t>(1024, room);
+        if (o.max_open_connections < 8)
+            throw std::runtime_error("this process may open only " + std::to_string(r.rlim_max) + " files (ulimit -n): too few for a server");
+    }
+    const rlim_t need = (rlim_t)o.max_open_connections + spare;
+    if (r.rlim_cur >= need) return;
+    if (r.rlim_max < need)
+        throw std::runtime_error("--max-open-connections " + std::to_string(o.max_open_connections) + " needs " + std::to_string(need) +
+                                 " open files, but this process may have only " + std::to_string(r.rlim_max) +
+                                 " (ulimit -n); lower --max-open-connections");
+    r.rlim_cur = need;
+    ::setrlimit(RLIMIT_NOFILE, &r);
+}
 
 Options parse(int argc, char** argv) {
     Options o;
@@ -154,10 +243,18 @@ Options parse(int argc, char** argv) {
     p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU)");
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
-    p.integer("--max-connections", &o.max_connections, 1, 4096, "connections served at once; more get a fast 429");
+    p.integer("--max-connections", &o.max_connections, 1, 65536,
+              "completions answered at once (streams and bodies); one more gets a fast 429. /health, /metrics and /v1/models never count");
+    p.integer("--max-open-connections", &o.max_open_connections, 0, 65536,
+              "sockets open at once; at the cap a new connection closes the oldest one still sending its request. "
+              "0 = 1024, or fewer if the open-file limit (ulimit -n) allows fewer");
     p.integer("--max-body-kib", &o.max_body_kib, 1, 65536, "largest request body, KiB; larger gets 413");
-    p.real("--read-timeout", &o.read_timeout, 0.05, 3600, "seconds a request may take to arrive between two reads; slower gets 400");
+    p.integer("--max-header-kib", &o.max_header_kib, 1, 1024, "largest request line and headers together, KiB; larger gets 431");
+    p.real("--request-timeout", &o.request_timeout, 0.05, 3600, "seconds a whole request (headers and body) may take to arrive; slower gets 408");
+    p.real("--read-timeout", &o.read_timeout, 0.05, 3600, "seconds a request may fall silent while it arrives; then 408");
     p.real("--write-timeout", &o.write_timeout, 0.05, 3600, "seconds a write may block on a client that does not read; then the request is aborted");
+    p.real("--shutdown-timeout", &o.shutdown_timeout, 0, 3600,
+           "seconds answers in progress may go on after SIGTERM or Ctrl-C; then streams end with an error event (a second signal: exit at once)");
     p.on_off("--sse-comments", &o.sse_comments, "mark preemption pauses in streams with SSE comment lines (every client ignores them)");
     p.integer("--step-delay-ms", &o.step_delay_ms, 0, 10000, "sleep this long after every engine step (a demo knob: makes a pause long enough to watch)");
     p.flag("--log-requests", &o.log_requests, "one line per finished request on stderr");
@@ -171,84 +268,75 @@ Options parse(int argc, char** argv) {
 }
 
 // ============================================================================
-// 2. The hand-over: inbox, channels and the engine thread
+// 2. The hand-over: the inbox, the notes, the engine thread
 // ============================================================================
 //
-// Two directions, two kinds of queue:
+//   I/O thread --Item--> [ inbox: one deque, one mutex ] --> engine thread
+//   engine thread --Notes, one batch per step--> net::post --> each request's Listener
 //
-//   workers --Item--> [ inbox: one deque, one mutex ] --> engine thread
-//   engine thread --StreamEvent--> [ Channel: one per request ] --> its worker
-//
-// Why not let the workers lock the engine and call it themselves? A step
-// takes milliseconds (seconds on a slow device), and every worker would
-// queue on that lock -- including the ones that only want to shed a request
-// or scrape /metrics. With the inbox, a worker holds a lock only for a
-// push_back; the engine thread takes everything in one swap between steps,
-// so a burst of a hundred requests costs it one lock, not a hundred.
-//
-// Why one channel per request instead of one queue for all events? Each
-// worker waits for its own request's events only, and the engine thread,
-// routing an event, touches only that request's lock: a slow client never
-// delays the delivery of anyone else's tokens.
+// Why not let the I/O thread lock the engine and call it itself? A step
+// takes milliseconds (seconds on a slow device), and the I/O thread would
+// wait on that lock, with every connection behind it -- a /health probe
+// included. With the inbox the I/O thread holds a lock only for a push_back;
+// the engine thread takes everything in one swap between steps, so a burst
+// of a hundred requests costs it one lock, not a hundred.
 
-// A request's mailbox: the engine thread writes, one worker reads.
-struct Channel {
-    std::mutex m;
-    std::condition_variable cv;
-    // The door: the engine's verdict on add_request. The worker waits for
-    // it before it sends a status line: once "200 OK" is on the wire, a
-    // refusal could only be told inside the stream.
-    enum class Door { kPending, kAccepted, kRejected } door = Door::kPending;
-    std::string reject_reason;         // why, when rejected
-    bool retryable = false;            // a full queue (429), not a bad request (400)
-    std::deque<pkv::StreamEvent> events;  // [undelivered] tokens and state changes, in engine order
-    bool broken = false;               // the engine stopped or failed: no more events will come
-    int id = -1;                       // the engine's request id (set by the engine thread)
+// What the engine thread tells a request's client. kDoor: the engine's
+// verdict on add_request (the I/O thread waits for it before it sends a
+// status line: once "200 OK" is on the wire, a refusal could only be told
+// inside the stream). kEvent: a token or a state change. kGone: the engine
+// stopped (it failed): no more notes will come.
+struct Note {
+    enum Kind { kDoor, kEvent, kGone } kind = kEvent;
+    pkv::StreamEvent event{};  // kEvent
+    int id = -1;               // kDoor: the engine's request id
+    bool accepted = false;     // kDoor
+    bool retryable = false;    // kDoor, rejected: a full queue (429), not a bad request (400)
+    std::string reason;        // kDoor rejected, kGone: why
 
-    // Moves every pending event into `out`, waiting up to `timeout` for the
-    // first. Returns false when the channel is broken and empty. Taking all
-    // at once matters: after a stall (a slow client) the worker catches up in
-    // one write instead of one wake-up per token.
-    bool take(std::vector<pkv::StreamEvent>& out, milliseconds timeout) {
-        std::unique_lock<std::mutex> lk(m);
-        cv.wait_for(lk, timeout, [&] { return !events.empty() || broken; });
-        out.assign(events.begin(), events.end());
-        events.clear();
-        return !(broken && out.empty());
+    static Note door(int id, bool accepted, bool retryable, std::string reason) {
+        Note n;
+        n.kind = kDoor;
+        n.id = id;
+        n.accepted = accepted;
+        n.retryable = retryable;
+        n.reason = std::move(reason);
+        return n;
     }
-    void push(const pkv::StreamEvent& e) {
-        {
-            std::lock_guard<std::mutex> lk(m);
-            events.push_back(e);
-        }
-        cv.notify_one();  // outside the lock: the woken worker need not wait for it
+    static Note of(const pkv::StreamEvent& e) {
+        Note n;
+        n.event = e;
+        return n;
     }
-    // No more events will come (the engine stopped): wake the worker.
-    void close() {
-        {
-            std::lock_guard<std::mutex> lk(m);
-            broken = true;
-        }
-        cv.notify_all();
+    static Note gone(std::string why) {
+        Note n;
+        n.kind = kGone;
+        n.reason = std::move(why);
+        return n;
     }
 };
 
-// A metrics scrape, answered by the engine thread between two steps: the
-// Metrics object is the engine's, so it is read where it is written.
-struct Scrape {
-    std::string engine_text;  // Engine::prometheus()
-    int free_blocks = 0, num_blocks = 0;
+// Whoever waits for a request's notes (a connection, section 3). on_note
+// runs on the I/O thread only: the engine thread posts it there.
+struct Listener {
+    virtual ~Listener() = default;
+    virtual void on_note(const Note& n) = 0;
 };
 
-// Owns the engine thread. Workers call submit(), abort() and scrape(); the
-// engine thread runs loop(), and is the only thread that touches `eng_`
+// Runs a function on the I/O thread (net::post onto its event loop).
+using PostFn = std::function<void(std::function<void()>)>;
+
+// The engine thread. The I/O thread calls submit(), abort() and scrape();
+// the engine thread runs loop(), and is the only thread that touches `eng_`
 // once start() has been called (before that, main sets it up).
 class EngineLoop {
 public:
     enum class Admit { kQueued, kShed, kDown };
 
-    EngineLoop(pkv::Engine& eng, int max_waiting, int step_delay_ms)
-        : eng_(eng), max_waiting_(max_waiting), step_delay_ms_(step_delay_ms) {
+    EngineLoop(pkv::Engine& eng, const Options& o, PostFn post)
+        : eng_(eng), labels_("model_name=\"" + pkv::prometheus_escape(o.model_name) + "\""), max_waiting_(o.policy.max_waiting),
+          step_delay_ms_(o.step_delay_ms), post_(std::move(post)), prompt_tokens_(one_two_five(eng.config().sched.max_model_len)),
+          generation_tokens_(one_two_five(eng.config().sched.max_model_len)) {
         // Runs on the engine thread, inside add_request / step / abort.
         eng_.on_event = [this](const pkv::StreamEvent& e) { route(e); };
     }
@@ -257,7 +345,8 @@ public:
     ~EngineLoop() { stop(); }
 
     void start() { thread_ = std::thread([this] { run(); }); }
-    // Waits for the engine thread to finish its step and leave.
+    // Waits for the engine thread to finish its step and leave. Requests
+    // still in the engine are dropped with it (the server is exiting).
     void stop() {
         {
             std::lock_guard<std::mutex> lk(m_);
@@ -266,49 +355,48 @@ public:
         cv_.notify_all();
         if (thread_.joinable()) thread_.join();
     }
+    const std::string& labels() const { return labels_; }
 
-    // ---- called by workers ------------------------------------------------------
+    // ---- called by the I/O thread ---------------------------------------------
 
     // Hands a request over, or sheds it at once when the waiting queue is at
     // --max-waiting. The count is the engine's waiting queue as of its last
     // publish (after its last step), plus the requests handed over since and
-    // not yet taken: a worker decides without waiting for a step. It can be
-    // one step stale, in both directions; the scheduler's own max_waiting
-    // check at add_request is exact, and what slips past us meets it there.
-    Admit submit(std::vector<int32_t> prompt, const pkv::SamplingParams& params, std::shared_ptr<Channel> ch) {
+    // not yet taken: we decide without waiting for a step. It can be one
+    // step stale, in both directions; the scheduler's own max_waiting check
+    // at add_request is exact, and what slips past us meets it there.
+    Admit submit(std::vector<int32_t> prompt, const pkv::SamplingParams& params, std::shared_ptr<Listener> to) {
         {
             std::lock_guard<std::mutex> lk(m_);
             if (stopping_ || !failed_.empty()) return Admit::kDown;
             if (max_waiting_ > 0 && waiting_ + handed_over_ >= max_waiting_) return Admit::kShed;
-            inbox_.push_back(Item{Item::kSubmit, std::move(prompt), params, std::move(ch), nullptr});
+            inbox_.push_back(Item{Item::kSubmit, std::move(prompt), params, std::move(to), -1, nullptr});
             ++handed_over_;
         }
         cv_.notify_one();
         return Admit::kQueued;
     }
-    // The client left: abort its request (a no-op if it already finished).
-    void abort(std::shared_ptr<Channel> ch) {
+    // The client left: abort request `id` (a no-op if it already finished).
+    void abort(int id) {
         {
             std::lock_guard<std::mutex> lk(m_);
             if (stopping_ || !failed_.empty()) return;
-            inbox_.push_back(Item{Item::kAbort, {}, {}, std::move(ch), nullptr});
+            inbox_.push_back(Item{Item::kAbort, {}, {}, nullptr, id, nullptr});
         }
         cv_.notify_one();
     }
-    // The engine's metrics, read on the engine thread; false if the engine
-    // does not answer within `timeout` (it is stopped or failed).
-    bool scrape(Scrape& out, milliseconds timeout) {
-        auto promise = std::make_shared<std::promise<Scrape>>();
-        std::future<Scrape> f = promise->get_future();
+    // The metrics page's engine part, rendered on the engine thread between
+    // two steps; `done` gets it on the I/O thread ("" if the engine is down).
+    void scrape(std::function<void(std::string)> done) {
         {
             std::lock_guard<std::mutex> lk(m_);
-            if (stopping_ || !failed_.empty()) return false;
-            inbox_.push_back(Item{Item::kScrape, {}, {}, nullptr, promise});
+            if (!(stopping_ || !failed_.empty())) {
+                inbox_.push_back(Item{Item::kScrape, {}, {}, nullptr, -1, std::move(done)});
+                done = nullptr;
+            }
         }
+        if (done) return post_([done] { done(""); });
         cv_.notify_one();
-        if (f.wait_for(timeout) != std::future_status::ready) return false;
-        out = f.get();
-        return true;
     }
     // "" while the engine thread runs; else why it stopped.
     std::string failure() {
@@ -317,14 +405,23 @@ public:
     }
 
 private:
-    // What a worker hands over. One struct for all three kinds keeps the
-    // inbox a plain deque; the fields a kind does not use stay empty.
+    // What the I/O thread hands over. One struct for all three kinds keeps
+    // the inbox a plain deque; the fields a kind does not use stay empty.
     struct Item {
         enum Kind { kSubmit, kAbort, kScrape } kind;
-        std::vector<int32_t> prompt;              // kSubmit: [prompt tokens]
-        pkv::SamplingParams params;               // kSubmit
-        std::shared_ptr<Channel> ch;              // kSubmit, kAbort
-        std::shared_ptr<std::promise<Scrape>> scrape;  // kScrape
+        std::vector<int32_t> prompt;                 // kSubmit: [prompt tokens]
+        pkv::SamplingParams params;                  // kSubmit
+        std::shared_ptr<Listener> to;                // kSubmit
+        int id;                                      // kAbort
+        std::function<void(std::string)> scraped;    // kScrape
+    };
+    // A request in the engine, as the engine thread follows it: where its
+    // notes go, and when its phases began (vLLM's queue/prefill/decode times).
+    // vLLM's request histograms (those the engine's Metrics do not keep) are
+    // counted here, when a request finishes: they need a request's whole life.
+    struct Live {
+        std::shared_ptr<Listener> to;
+        double scheduled = -1, first_token = -1;  // engine clock; -1 = not yet
     };
 
     // ---- the engine thread ----------------------------------------------------------
@@ -341,27 +438,33 @@ private:
         }
         // Nobody will answer these any more: requests in the engine, items
         // taken but not applied (when an item threw), items never taken.
-        for (auto& [id, ch] : live_) ch->close();
+        const std::string why = failure().empty() ? "the server is stopping" : "the engine stopped: " + failure();
+        for (auto& [id, l] : live_) tell(l.to, Note::gone(why));
         live_.clear();
-        for (Item& it : taken_)
-            if (it.ch) it.ch->close();
-        std::lock_guard<std::mutex> lk(m_);
-        for (Item& it : inbox_)
-            if (it.ch) it.ch->close();
-        inbox_.clear();
+        std::deque<Item> left;
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            left.swap(inbox_);
+        }
+        for (std::deque<Item>* q : {&taken_, &left})
+            for (Item& it : *q) {
+                if (it.to) tell(it.to, Note::gone(why));
+                if (it.scraped) post_([f = std::move(it.scraped)] { f(""); });
+            }
+        flush();
     }
 
     // The engine thread's whole life: take what was handed over, apply it,
-    // run one step, publish the queue length the workers shed on; sleep only
-    // when the engine has nothing to do. Aborts are applied here, between
-    // two steps, never inside one (the step's batch holds the blocks).
+    // run one step, publish the queue length the I/O thread sheds on; sleep
+    // only when the engine has nothing to do. Aborts are applied here,
+    // between two steps, never inside one (the step's batch holds the blocks).
     void loop() {
         for (;;) {
             {
                 std::unique_lock<std::mutex> lk(m_);
                 cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || eng_.has_unfinished(); });
                 if (stopping_) return;
-                taken_.swap(inbox_);  // inbox_ is now empty: workers go on filling it
+                taken_.swap(inbox_);  // inbox_ is now empty: the I/O thread goes on filling it
             }
             int submitted = 0;
             while (!taken_.empty()) {
@@ -369,9 +472,15 @@ private:
                 taken_.pop_front();
             }
             publish(submitted);
+            release_finished();
+            flush();
             if (!eng_.has_unfinished()) continue;
+            step_start_ = eng_.now();
             eng_.step();
+            note_scheduled();
             publish(0);
+            release_finished();
+            flush();
             // The demo knob: a slower step makes a pause long enough to watch.
             // (A wait, not a sleep: stop() cuts it short.)
             if (step_delay_ms_ > 0) {
@@ -389,38 +498,32 @@ private:
                 // add_request hands out the next id; routing must know it before
                 // add_request emits anything (a rejection is emitted inside it).
                 const int id = eng_.scheduler().num_requests();
-                live_[id] = it.ch;
-                {
-                    std::lock_guard<std::mutex> lk(it.ch->m);
-                    it.ch->id = id;
-                }
+                live_[id] = Live{it.to};
                 eng_.add_request(std::move(it.prompt), it.params);
                 const pkv::Request* r = eng_.request(id);
                 const bool rejected = r->finish_reason == pkv::FinishReason::kRejected;
-                {
-                    std::lock_guard<std::mutex> lk(it.ch->m);
-                    it.ch->door = rejected ? Channel::Door::kRejected : Channel::Door::kAccepted;
-                    it.ch->reject_reason = r->reject_reason;
-                    it.ch->retryable = r->retryable;
+                tell(it.to, Note::door(id, !rejected, r->retryable, r->reject_reason));
+                if (rejected) {
+                    live_.erase(id);
+                    done_.push_back(id);
                 }
-                it.ch->cv.notify_all();
-                if (rejected) live_.erase(id);
                 return 1;
             }
-            case Item::kAbort: {
+            case Item::kAbort:
                 // Between steps: the blocks are free when abort() returns, and
-                // its kFinished(aborted) event closes the route. An abort for a
+                // its kFinished(aborted) event ends the route. An abort for a
                 // request that finished meanwhile finds no route: nothing to do.
-                const int id = it.ch->id;  // written by this thread
-                if (live_.count(id)) eng_.abort(id);
+                if (live_.count(it.id)) eng_.abort(it.id);
                 return 0;
-            }
             case Item::kScrape: {
-                Scrape s;
-                s.engine_text = eng_.prometheus();
-                s.free_blocks = eng_.pool().num_free_blocks();
-                s.num_blocks = eng_.pool().num_blocks();
-                it.scrape->set_value(std::move(s));
+                std::string page = eng_.prometheus(labels_) + phases_text();
+                std::ostringstream o;
+                // Read now, unlike a step's snapshot: a freed block shows at once.
+                pkv::prometheus_family(o, "gauge", "kv_cache_free_blocks", "Free KV cache blocks, at scrape time.");
+                pkv::prometheus_sample(o, "kv_cache_free_blocks", labels_, (long)eng_.pool().num_free_blocks());
+                pkv::prometheus_family(o, "gauge", "kv_cache_blocks", "KV cache blocks in the pool.");
+                pkv::prometheus_sample(o, "kv_cache_blocks", labels_, (long)eng_.pool().num_blocks());
+                post_([f = std::move(it.scraped), p = page + o.str()] { f(p); });
                 return 0;
             }
         }
@@ -428,17 +531,79 @@ private:
     }
 
     // Engine::on_event: every token and state change goes to its request's
-    // channel, in the order the engine emits them (engine.hpp section 2). A
-    // finished request's route is dropped: nothing follows kFinished.
+    // listener, in the order the engine emits them (engine.hpp section 1),
+    // collected in the outbox until the step ends. A finished request's
+    // route is dropped: nothing follows kFinished.
     void route(const pkv::StreamEvent& e) {
         auto it = live_.find(e.request_id);
-        if (it == live_.end()) return;
-        it->second->push(e);
-        if (e.type == pkv::EventType::kFinished) live_.erase(it);
+        if (it == live_.end() || e.type == pkv::EventType::kRejected) return;  // (a rejection: the door's note says it)
+        Live& l = it->second;
+        if (e.type == pkv::EventType::kToken) {
+            if (l.scheduled < 0) l.scheduled = step_start_;
+            if (l.first_token < 0) l.first_token = e.time;
+        }
+        tell(l.to, Note::of(e));
+        if (e.type != pkv::EventType::kFinished) return;
+        if (e.reason != pkv::FinishReason::kAborted && e.reason != pkv::FinishReason::kError) {
+            // vLLM's phases of a finished request (vllm/v1/metrics/stats.py):
+            // waiting, prefill (first scheduled -> first token), decode (first
+            // token -> last), inference (prefill + decode).
+            const pkv::Request* r = eng_.request(e.request_id);
+            const double arrival = r->arrival_time;
+            queue_.add(l.scheduled - arrival);
+            prefill_.add(l.first_token - l.scheduled);
+            decode_.add(e.time - l.first_token);
+            inference_.add(e.time - l.scheduled);
+            prompt_tokens_.add(r->num_prompt_tokens);
+            generation_tokens_.add(r->num_output_tokens());
+        }
+        live_.erase(it);
+        done_.push_back(e.request_id);  // released after the step: its batch still refers to it
     }
 
-    // The count workers shed on: the requests waiting for the engine (new
-    // and preempted, and swapped out), as of now. A preemption puts its
+    // A request is scheduled in the step where it first computes something:
+    // the first chunk of a long prompt comes steps before its first token.
+    void note_scheduled() {
+        for (auto& [id, l] : live_)
+            if (l.scheduled < 0 && eng_.request(id)->num_computed_tokens > 0) l.scheduled = step_start_;
+    }
+
+    void release_finished() {
+        for (int id : done_) eng_.release(id);
+        done_.clear();
+    }
+
+    void tell(const std::shared_ptr<Listener>& to, Note n) { outbox_.emplace_back(to, std::move(n)); }
+    // The notes of one step (or one inbox drain), to the I/O thread in one post.
+    void flush() {
+        if (outbox_.empty()) return;
+        post_([batch = std::move(outbox_)] {
+            for (const auto& [to, n] : batch) to->on_note(n);
+        });
+        outbox_.clear();
+    }
+
+    std::string phases_text() const {
+        std::ostringstream o;
+        pkv::prometheus_histogram(o, "request_queue_time_seconds", "Arrival to first scheduled (the WAITING phase).", queue_, labels_);
+        pkv::prometheus_histogram(o, "request_prefill_time_seconds", "First scheduled to first token (the PREFILL phase).", prefill_, labels_);
+        pkv::prometheus_histogram(o, "request_decode_time_seconds", "First token to last (the DECODE phase).", decode_, labels_);
+        pkv::prometheus_histogram(o, "request_inference_time_seconds", "First scheduled to last token (PREFILL + DECODE).", inference_, labels_);
+        pkv::prometheus_histogram(o, "request_prompt_tokens", "Prompt tokens of a finished request.", prompt_tokens_, labels_);
+        pkv::prometheus_histogram(o, "request_generation_tokens", "Output tokens of a finished request.", generation_tokens_, labels_);
+        return o.str();
+    }
+    // vLLM's ladder for token counts: 1, 2, 5, 10, 20, 50, ... up to `max`.
+    static std::vector<double> one_two_five(int max) {
+        std::vector<double> b;
+        for (double d = 1; d <= max; d *= 10)
+            for (double m : {1, 2, 5})
+                if (m * d <= max) b.push_back(m * d);
+        return b;
+    }
+
+    // The count the I/O thread sheds on: the requests waiting for the engine
+    // (new and preempted, and swapped out), as of now. A preemption puts its
     // victim back into the waiting queue, so under thrash this count grows
     // with no new arrival at all: the edge then sheds the newcomers.
     void publish(int submitted) {
@@ -449,11 +614,21 @@ private:
     }
 
     pkv::Engine& eng_;  // touched by the engine thread only (after start())
+    const std::string labels_;
     const int max_waiting_, step_delay_ms_;
-    // Engine thread only: request id -> its channel, for requests that can
-    // still emit; and the items taken from the inbox, being applied.
-    std::unordered_map<int, std::shared_ptr<Channel>> live_;
+    const PostFn post_;
+    // Engine thread only: request id -> its route, for requests that can
+    // still emit; the items taken from the inbox, being applied; the notes
+    // of this step; finished ids to release; the phase histograms (vLLM's
+    // request ladder; the samples themselves are not kept).
+    std::unordered_map<int, Live> live_;
     std::deque<Item> taken_;
+    std::vector<std::pair<std::shared_ptr<Listener>, Note>> outbox_;
+    std::vector<int> done_;
+    double step_start_ = 0;  // engine clock, when the current step began
+    pkv::Histogram queue_{pkv::request_latency_buckets()}, prefill_{pkv::request_latency_buckets()},
+        decode_{pkv::request_latency_buckets()}, inference_{pkv::request_latency_buckets()};
+    pkv::Histogram prompt_tokens_, generation_tokens_;
 
     std::mutex m_;  // guards everything below
     std::condition_variable cv_;
@@ -466,634 +641,945 @@ private:
 };
 
 // ============================================================================
-// 3. Connections: a capped pool of workers
+// 3. A connection: one request, one answer
 // ============================================================================
 //
-// cpp-httplib does blocking I/O, one thread per connection: its accept loop
-// hands every accepted connection to a TaskQueue as a closure that reads the
-// request, runs our handler, writes the answer and closes the socket. A
-// stream therefore holds its thread for as long as it streams, pauses
-// included, so the number of workers is also the number of streams the
-// server can carry at once.
+// Every connection is a Connection object, alive while any of its pending
+// operations (a read, a write, a timer) or the engine thread holds it. Its
+// life, all on the I/O thread:
 //
-// The default TaskQueue (httplib::ThreadPool) queues without limit: under a
-// flood, a new connection would wait, unanswered, behind streams that may
-// last minutes -- the opposite of a fast failure. Ours runs at most `workers`
-// connections at once. Beyond that a connection goes to a rejecter thread,
-// which serves it with t_overflow set, and the pre-routing handler answers
-// it 429 before its body is read. When even the rejecters' queue is full,
-// the accept loop serves the connection itself, which slows accepting down:
-// the flood then waits in the kernel's listen backlog, not in our memory.
+//   reading    the request arrives, parsed by Beast as it comes, under two
+//              clocks (the whole request by --request-timeout, each silence
+//              by --read-timeout) and two size caps (headers, body). Its head
+//              alone decides what needs no body: a wrong path or method, a
+//              body over the cap, a completion over --max-connections.
+//   answering  a GET is answered at once (a scrape after one trip through
+//              the engine thread); a completion waits for the engine's
+//              verdict, then streams its tokens, or sends one body at the end.
+//              Meanwhile a read stays pending on the socket: it sees the
+//              client leave.
+//   closing    after the answer we shut our sending side and read until the
+//              client closes too (at most 2 s): closing a socket with unread
+//              bytes in it resets the connection, and the client could lose
+//              the end of our answer.
 //
-// The closure is all we are given (not the socket), so "reject this one"
-// cannot be said to cpp-httplib directly; a thread-local flag, read by the
-// pre-routing handler on the same thread, says it.
+// One request per connection: every answer says Connection: close.
 
-thread_local bool t_overflow = false;  // this thread is answering a connection over the cap
+class Server;
 
-class ConnectionQueue : public httplib::TaskQueue {
+class Connection : public Listener, public std::enable_shared_from_this<Connection> {
 public:
-    // cpp-httplib 0.15 made enqueue() report success (bool); Debian 12's 0.11
-    // returns void. We override whichever this header declares.
-    using Ret = decltype(std::declval<httplib::TaskQueue&>().enqueue(std::function<void()>()));
+    Connection(Server& srv, tcp::socket sock, uint64_t serial);
+    void start();
+    // Listener: a note from the engine thread (posted to the I/O thread).
+    void on_note(const Note& n) override;
 
-    explicit ConnectionQueue(int workers) : workers_(workers) {
-        for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(jobs_, false); });
-        for (int i = 0; i < kRejecters; ++i) threads_.emplace_back([this] { work(overflow_, true); });
-    }
-    // Called by the accept loop, once per accepted connection.
-    Ret enqueue(std::function<void()> fn) override {
-        std::unique_lock<std::mutex> lk(m_);
-        if (busy_ + (int)jobs_.size() < workers_) {
-            jobs_.push_back(std::move(fn));
-        } else if ((int)overflow_.size() < kMaxOverflow) {
-            overflow_.push_back(std::move(fn));
-        } else {
-            lk.unlock();
-            serve_over_cap(fn);
-            return accepted<Ret>();
-        }
-        lk.unlock();
-        cv_.notify_all();
-        return accepted<Ret>();
-    }
-    // Called by the accept loop when the server stops: every thread finishes
-    // the connection it serves (a stream sees the shutdown within 50 ms) and
-    // the queued ones, then leaves.
-    void shutdown() override {
-        {
-            std::lock_guard<std::mutex> lk(m_);
-            shutdown_ = true;
-        }
-        cv_.notify_all();
-        for (std::thread& t : threads_) t.join();
-    }
+    enum class Phase { kReading, kAnswering, kClosing, kClosed };
+    Phase phase() const { return phase_; }
+    uint64_t serial() const { return serial_; }
+    bool answering_completion() const { return counted_; }
+    // The server closes it: evicted at the cap, or shutting down.
+    void close() { close_now(); }
+    // Shutdown's deadline: end the answer now, as an error the client sees.
+    void cut(const std::string& why);
 
 private:
-    // Two rejecters: one connection that sends its request slowly holds one
-    // (up to the read timeout), and the other goes on answering 429s.
-    static constexpr int kRejecters = 2, kMaxOverflow = 64;
-    template <class R>
-    static R accepted() {
-        if constexpr (std::is_same_v<R, bool>) return true;
-    }
-    static void serve_over_cap(std::function<void()>& fn) {
-        t_overflow = true;
-        fn();
-        t_overflow = false;
-    }
-    // A worker (over_cap false) or a rejecter (true): take a connection, serve it.
-    void work(std::deque<std::function<void()>>& q, bool over_cap) {
-        for (;;) {
-            std::function<void()> fn;
-            {
-                std::unique_lock<std::mutex> lk(m_);
-                cv_.wait(lk, [&] { return !q.empty() || shutdown_; });
-                if (q.empty()) return;  // shutting down, nothing left
-                fn = std::move(q.front());
-                q.pop_front();
-                if (!over_cap) ++busy_;
-            }
-            if (over_cap) serve_over_cap(fn);
-            else fn();
-            if (!over_cap) {
-                std::lock_guard<std::mutex> lk(m_);
-                --busy_;
-            }
-        }
-    }
-    const int workers_;
-    std::mutex m_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> jobs_, overflow_;  // connections waiting for a worker / a rejecter
-    int busy_ = 0;                                       // workers serving a connection
-    bool shutdown_ = false;
-    std::vector<std::thread> threads_;
-};
+    // ---- reading the request ---------------------------------------------------
+    void read_more();
+    void on_read(beast::error_code ec, size_t n);
+    bool on_head();  // false: answered already
+    void dispatch();
 
-// cpp-httplib listens with a backlog of 5 connections (CPPHTTPLIB_LISTEN_BACKLOG,
-// compiled into Debian's library). Twenty clients connecting at once, on a
-// busy machine, overflow that: the kernel drops their handshakes and they
-// retry a second later, or fail. Calling listen() again on the bound socket
-// raises the backlog; only a subclass can reach the socket.
-class HttpServer : public httplib::Server {
-public:
-    bool raise_backlog(int n) { return ::listen(svr_sock_, n) == 0; }
+    // ---- answers -----------------------------------------------------------------
+    void answer(int status, const std::string& content_type, std::string body, const std::string& allow = "", bool retry = false);
+    void error(int status, const std::string& msg, const std::string& type, const std::string& code, const std::string& param = "",
+               bool retry = false);
+    void wrong_method(const std::string& allow);
+    void metrics();
+    void completion(bool chat);
+    void send_head(const std::string& content_type);
+    void on_events(const std::vector<pkv::StreamEvent>& evs);
+    void finish(const std::string& reason, std::string& out);
+    void fail_stream(const std::string& why);
+    void end_answer();
+
+    // ---- the socket ---------------------------------------------------------------
+    void write(std::string bytes, bool last = false);
+    void write_body(const std::string& bytes);
+    void flush();
+    void watch();
+    void on_watch(beast::error_code ec, size_t n);
+    void on_client_eof();
+    void gone(const char* how);
+    void close_gracefully();
+    void close_now();
+    void arm(std::chrono::nanoseconds d, void (Connection::*on_expiry)());
+    void disarm();
+    void read_timed_out();
+    void write_timed_out();
+    void log_request();
+
+    Server& srv_;
+    tcp::socket sock_;
+    net::steady_timer timer_;
+    uint64_t timer_gen_ = 0;  // which arm() the pending wait belongs to
+    const uint64_t serial_;
+    Phase phase_ = Phase::kReading;
+    const Clock::time_point accepted_ = Clock::now();
+
+    // The request.
+    beast::flat_buffer in_;
+    std::optional<http::request_parser<http::string_body>> parser_;
+    size_t bytes_in_ = 0;        // of the request, so far
+    bool head_seen_ = false;     // on_head ran
+    bool read_timeout_ = false;  // the read clock, not the whole-request one, ran out
+    bool http10_ = false;        // an HTTP/1.0 client: no chunked encoding
+    bool head_method_ = false;   // HEAD: the head of a GET's answer, no body
+    std::string path_;
+
+    // The answer. out_: bytes waiting to be written, one write at a time.
+    std::deque<std::string> out_;
+    bool writing_ = false, close_after_write_ = false;
+    bool reading_ = false;       // a read is pending (the request's, or the watch's)
+    bool head_sent_ = false, chunked_ = false;
+    bool counted_ = false;       // a completion counted against --max-connections
+    bool eof_seen_ = false;      // the client shut its sending side (or closed)
+    bool client_gone_ = false;   // ... and it is gone (a reset, a failed write)
+
+    // A completion, from the engine's verdict to its last byte.
+    std::optional<openai::Request> req_;
+    openai::AnswerId id_;
+    std::optional<openai::TextStream> text_;
+    bool chat_ = false;
+    int engine_id_ = -1;         // from the engine's verdict (Note::kDoor)
+    bool door_open_ = false;     // accepted
+    bool done_ = false;          // the answer ended (finished, failed or cut)
+    std::vector<int32_t> tokens_;  // [output tokens] so far
+    std::string body_text_;        // not streamed: the text so far
+    std::string finish_;           // "stop" / "length" once known
+    int preemptions_ = 0;
+    std::array<char, 512> sink_{};  // the watch's reads land here, unused
+    size_t discarded_ = 0;
 };
 
 // ============================================================================
-// 4. The server: handlers
+// 4. The server: accepting, capping, shutting down, /metrics
 // ============================================================================
 
-// The edge's own counters (the engine's are in its Metrics).
+// The edge's own counters. All on the I/O thread: no atomics needed.
 struct EdgeStats {
-    std::atomic<long> shed_queue_full{0}, shed_connections{0}, bad_requests{0}, disconnects{0}, open_answers{0};
+    long shed_queue_full = 0, shed_connections = 0, bad_requests = 0, disconnects = 0, timeouts = 0, evicted = 0;
 };
 
-// The HTTP side. Every handler runs on a worker thread and follows one
-// path: read and check the request (openai_api.hpp), shed or hand it over
-// (EngineLoop), wait for the engine's verdict, then write the answer from
-// the request's channel. The handlers share only what is read-only after
-// construction (options, tokenizer, limits) and what is atomic (EdgeStats,
-// the answer counter); the engine is reached through loop_ alone.
 class Server {
 public:
-    Server(const Options& o, pkv::Engine& eng, const pkv::Tokenizer& tok)
-        : o_(o), tok_(tok), loop_(eng, o.policy.max_waiting, o.step_delay_ms) {
+    Server(const Options& o, pkv::Engine& eng, const pkv::Tokenizer& tok, net::io_context& io)
+        : o_(o), tok_(tok), io_(io), acceptor_(io), signals_(io, SIGINT, SIGTERM), drain_timer_(io),
+          loop_(eng, o, [this](std::function<void()> f) { net::post(io_, std::move(f)); }) {
         lim_.model_id = o.model_name;
         lim_.vocab_size = eng.model().vocab_size;
         lim_.max_model_len = eng.config().sched.max_model_len;
         seed_state_ = std::random_device{}();
         seed_state_ = (seed_state_ << 32) ^ std::random_device{}();
-        configure();
     }
 
     // Binds, or throws saying why not. Returns the port (for --port 0).
     int bind() {
-        int port = o_.port;
-        if (port == 0) port = http_.bind_to_any_port(o_.host);
-        else if (!http_.bind_to_port(o_.host, port)) port = -1;
-        if (port < 0)
-            throw std::runtime_error("cannot listen on " + o_.host + ":" + std::to_string(o_.port) +
-                                     " (in use, or not an address of this machine?); --port 0 picks a free port");
-        if (!http_.raise_backlog(SOMAXCONN)) throw std::runtime_error("cannot raise the listen backlog of port " + std::to_string(port));
-        return port;
+        beast::error_code ec;
+        tcp::resolver resolver(io_);
+        const auto found = resolver.resolve(o_.host, std::to_string(o_.port), ec);
+        if (ec || found.empty()) throw std::runtime_error("cannot listen on " + o_.host + ": not an address of this machine (" + ec.message() + ")");
+        const tcp::endpoint at = found.begin()->endpoint();
+        acceptor_.open(at.protocol(), ec);
+        if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+        if (!ec) acceptor_.bind(at, ec);
+        // The kernel's backlog of connections not yet accepted: twenty clients
+        // connecting at once on a busy machine must not overflow it.
+        if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+        if (ec)
+            throw std::runtime_error("cannot listen on " + o_.host + ":" + std::to_string(o_.port) + " (" + ec.message() + ")" +
+                                     (o_.port != 0 ? "; --port 0 picks a free port" : ""));
+        return acceptor_.local_endpoint().port();
     }
-    // Serves until stop(); then stops the engine thread.
+
+    // Runs the I/O thread's event loop until the server has shut down.
     void serve() {
         loop_.start();
-        http_.listen_after_bind();
-        served_ = true;
+        accept();
+        wait_for_signal();
+        io_.run();
         loop_.stop();
     }
-    // From another thread. cpp-httplib's stop() does nothing before the
-    // accept loop has started, so we repeat it until serve() has returned.
-    void stop() {
-        while (!served_) {
-            http_.stop();
-            std::this_thread::sleep_for(milliseconds(10));
-        }
+
+    // What connections ask of the server.
+    const Options& options() const { return o_; }
+    const pkv::Tokenizer& tok() const { return tok_; }
+    const openai::Limits& limits() const { return lim_; }
+    EngineLoop& loop() { return loop_; }
+    EdgeStats& stats() { return stats_; }
+    bool draining() const { return draining_; }
+    net::io_context& io() { return io_; }
+    // A completion may start unless --max-connections are being answered.
+    bool take_answer_slot() {
+        if (answers_ >= o_.max_connections) return false;
+        ++answers_;
+        return true;
+    }
+    void release_answer_slot() {
+        --answers_;
+        if (draining_ && answers_ == 0) finish_shutdown();
+    }
+    void closed(const Connection& c) { open_.erase(c.serial()); }
+    std::string next_answer_id(bool chat) { return (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++); }
+    // A request without a seed gets one no other request shares.
+    uint64_t next_seed() { return pkv::splitmix64(seed_state_); }
+    std::time_t start_time() const { return start_time_; }
+
+    // The edge's families, after the engine's (I/O thread, at scrape time).
+    std::string edge_metrics() const {
+        std::ostringstream o;
+        const std::string& l = loop_.labels();
+        pkv::prometheus_family(o, "counter", "http_shed_total", "Requests answered 429 at the edge, by reason.");
+        pkv::prometheus_sample(o, "http_shed_total", pkv::label_join(l, "reason=\"queue_full\""), stats_.shed_queue_full);
+        pkv::prometheus_sample(o, "http_shed_total", pkv::label_join(l, "reason=\"too_many_connections\""), stats_.shed_connections);
+        pkv::prometheus_family(o, "counter", "http_bad_requests_total", "Requests refused with a 4xx for their content (not 429).");
+        pkv::prometheus_sample(o, "http_bad_requests_total", l, stats_.bad_requests);
+        pkv::prometheus_family(o, "counter", "http_request_timeouts_total", "Requests that did not arrive in time (408).");
+        pkv::prometheus_sample(o, "http_request_timeouts_total", l, stats_.timeouts);
+        pkv::prometheus_family(o, "counter", "http_client_disconnects_total", "Answers whose client left before the end (the request was aborted).");
+        pkv::prometheus_sample(o, "http_client_disconnects_total", l, stats_.disconnects);
+        pkv::prometheus_family(o, "counter", "http_evicted_connections_total", "Connections closed at --max-open-connections, still sending their request.");
+        pkv::prometheus_sample(o, "http_evicted_connections_total", l, stats_.evicted);
+        pkv::prometheus_family(o, "gauge", "http_open_answers", "Completions (streams or bodies) being answered now.");
+        pkv::prometheus_sample(o, "http_open_answers", l, (long)answers_);
+        pkv::prometheus_family(o, "gauge", "http_open_connections", "Sockets open now.");
+        pkv::prometheus_sample(o, "http_open_connections", l, (long)open_.size());
+        return o.str();
     }
 
 private:
-    // ---- routes and limits -----------------------------------------------------
+    // ---- accepting ----------------------------------------------------------------
 
-    void configure() {
-        // One request per connection: no worker waits on an idle keep-alive
-        // connection. A new connection gets read_timeout (at least a whole
-        // second: cpp-httplib counts that wait in seconds) to send its request.
-        // The price is one TCP handshake per request, nothing on loopback;
-        // clients reconnect on their own (curl, the openai package).
-        //
-        // The two timeouts are what makes a slow client cheap. The read
-        // timeout bounds each wait for request bytes: a client that stops
-        // sending mid-request is answered 400 and its worker is free again.
-        // The write timeout bounds each wait for a client to take our bytes:
-        // a client that stops reading (its socket buffers full) makes a
-        // write fail, the answer ends, and its request is aborted, so it
-        // cannot hold KV blocks either.
-        http_.set_keep_alive_max_count(1);
-        http_.set_keep_alive_timeout(std::max<time_t>(1, (time_t)std::ceil(o_.read_timeout)));
-        const auto usec = [](double s) { return (time_t)((s - std::floor(s)) * 1e6); };
-        http_.set_read_timeout((time_t)std::floor(o_.read_timeout), usec(o_.read_timeout));
-        http_.set_write_timeout((time_t)std::floor(o_.write_timeout), usec(o_.write_timeout));
-        // A body larger than this is refused (413) before it is read into
-        // memory; completion() applies the same cap to bodies without a
-        // Content-Length (chunked, or compressed).
-        http_.set_payload_max_length((size_t)o_.max_body_kib * 1024);
-        // cpp-httplib calls this once, when the accept loop starts (section 3).
-        http_.new_task_queue = [this] { return new ConnectionQueue(o_.max_connections); };
+    // The accept loop only ever accepts: a connection is served by its own
+    // handlers, never by this one.
+    void accept() {
+        acceptor_.async_accept([this](beast::error_code ec, tcp::socket sock) {
+            if (!acceptor_.is_open()) return;  // shutting down
+            if (ec) {
+                // Out of file descriptors (or memory): wait a little instead of
+                // spinning, and let timeouts free some.
+                std::fprintf(stderr, "serve: accept failed: %s\n", ec.message().c_str());
+                auto t = std::make_shared<net::steady_timer>(io_, milliseconds(100));
+                return t->async_wait([this, t](beast::error_code) { accept(); });
+            }
+            if ((int)open_.size() >= o_.max_open_connections) make_room();
+            const uint64_t serial = next_serial_++;
+            auto c = std::make_shared<Connection>(*this, std::move(sock), serial);
+            open_[serial] = c;
+            c->start();
+            accept();
+        });
+    }
+    // At --max-open-connections: close the oldest connection still sending
+    // its request (it was promised nothing). If every one is being answered,
+    // the newcomer is let in over the cap: it is one of few, as every answer
+    // counts against --max-connections, which is lower.
+    void make_room() {
+        for (auto& [serial, weak] : open_) {
+            const std::shared_ptr<Connection> c = weak.lock();
+            if (c && c->phase() == Connection::Phase::kReading) {
+                stats_.evicted++;
+                c->close();  // (erases itself from open_: we stop iterating)
+                return;
+            }
+        }
+    }
 
-        // Before any body is read: connections over the cap, and methods no
-        // route takes (a PUT would otherwise have its body read first).
-        http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (t_overflow) {
-                stats_.shed_connections++;
-                send_error(res, 429, "too many connections: this server serves " + std::to_string(o_.max_connections) +
-                                         " at once; retry after a moment", "rate_limit_error", "too_many_connections", "", true);
-                return httplib::Server::HandlerResponse::Handled;
-            }
-            if (req.method != "GET" && req.method != "POST" && req.method != "HEAD") {
-                wrong_method(req, res, "GET, POST");
-                return httplib::Server::HandlerResponse::Handled;
-            }
-            return httplib::Server::HandlerResponse::Unhandled;
-        });
-        // Errors cpp-httplib itself decides (a request it could not read, a
-        // body over the cap, no such route) get the same JSON body as ours.
-        http_.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-            if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // one of ours
-            stats_.bad_requests++;
-            std::string msg, code;
-            switch (res.status) {
-                case 400: msg = "the HTTP request could not be read: malformed, or it stopped arriving for longer than the read timeout (" +
-                                cli::number_text(o_.read_timeout) + " s)"; code = "bad_request"; break;
-                case 404: msg = "no route for " + req.method + " " + req.path +
-                                " (this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)";
-                          code = "not_found"; break;
-                case 413: msg = too_large(); code = "request_too_large"; break;
-                case 414: msg = "the request line is too long"; code = "uri_too_long"; break;
-                case 415: msg = "the body's Content-Encoding is not one this server can decode"; code = "unsupported_media_type"; break;
-                default: msg = "HTTP error " + std::to_string(res.status); code = "http_error";
-            }
-            res.set_content(openai::error_body(msg, "invalid_request_error", code), "application/json");
-            return httplib::Server::HandlerResponse::Handled;
-        }));
-        http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-            std::string what = "unknown";
-            try {
-                std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-                what = e.what();
-            } catch (...) {
-            }
-            send_error(res, 500, "internal error: " + what, "server_error", "internal_error");
-        });
+    // ---- shutting down ---------------------------------------------------------------
 
-        // The routes. The two POSTs take a ContentReader: the body is read
-        // by completion(), under our cap, not by cpp-httplib beforehand.
-        http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
-            completion(req, res, rd, /*chat=*/false);
+    // Signals arrive on the I/O thread, through the event loop (Asio's
+    // signal_set): a handler may then do anything, not only what a plain
+    // signal handler may (async-signal-safe calls).
+    void wait_for_signal() {
+        signals_.async_wait([this](beast::error_code ec, int sig) {
+            if (ec) return;
+            if (!draining_) {
+                begin_shutdown(sig);
+                return wait_for_signal();
+            }
+            std::fprintf(stderr, "serve: %s again: exiting now\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+            std::fflush(stderr);
+            std::_Exit(128 + sig);
         });
-        http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& rd) {
-            completion(req, res, rd, /*chat=*/true);
-        });
-        http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-            const openai::ojson m = {{"id", lim_.model_id}, {"object", "model"}, {"created", (long)start_time_},
-                                     {"owned_by", "pagedkv"}, {"max_model_len", lim_.max_model_len}};
-            res.set_content(openai::dump({{"object", "list"}, {"data", openai::ojson::array({m})}}), "application/json");
-        });
-        // 200 while the engine thread runs; 503 once it has failed.
-        http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-            const std::string f = loop_.failure();
-            if (f.empty()) return res.set_content("{\"status\":\"ok\"}", "application/json");
-            send_error(res, 503, "the engine stopped: " + f, "server_error", "engine_failed");
-        });
-        http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { metrics(res); });
-        // The right path with the wrong method: 405, not 404.
-        for (const char* p : {"/v1/completions", "/v1/chat/completions"})
-            http_.Get(p, [this](const httplib::Request& req, httplib::Response& res) { wrong_method(req, res, "POST"); });
-        for (const char* p : {"/v1/models", "/health", "/metrics"})
-            http_.Post(p, [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
-                wrong_method(req, res, "GET");
+    }
+    void begin_shutdown(int sig) {
+        draining_ = true;
+        beast::error_code ignored;
+        acceptor_.close(ignored);
+        // Connections still sending a request were promised nothing.
+        std::vector<std::shared_ptr<Connection>> readers;
+        for (auto& [serial, weak] : open_)
+            if (auto c = weak.lock(); c && c->phase() == Connection::Phase::kReading) readers.push_back(c);
+        for (auto& c : readers) c->close();
+        if (answers_ == 0) return finish_shutdown();
+        std::printf("%s: %d answer%s in progress; waiting up to %s s for them\n", sig == SIGINT ? "SIGINT" : "SIGTERM", answers_,
+                    answers_ == 1 ? "" : "s", cli::number_text(o_.shutdown_timeout).c_str());
+        std::fflush(stdout);
+        drain_timer_.expires_after(seconds(o_.shutdown_timeout));
+        drain_timer_.async_wait([this](beast::error_code ec) {
+            if (ec || finished_) return;
+            // The deadline: every answer still open ends now, as an error.
+            std::vector<std::shared_ptr<Connection>> cut;
+            for (auto& [serial, weak] : open_)
+                if (auto c = weak.lock()) cut.push_back(c);
+            for (auto& c : cut) c->cut("the server is shutting down");
+            // Their last bytes get one more second (a client that does not
+            // read them is not waited for).
+            drain_timer_.expires_after(std::chrono::seconds(1));
+            drain_timer_.async_wait([this](beast::error_code e) {
+                if (!e) finish_shutdown();
             });
-    }
-
-    std::string too_large() const {
-        return "the request body is larger than this server's limit of " + std::to_string(o_.max_body_kib) + " KiB (--max-body-kib)";
-    }
-
-    // An OpenAI-style error (openai_api.hpp section 1). A 429 or 503 says
-    // when to retry: one second, a fixed guess. A busier server could compute
-    // it from the queue's drain rate; a client that retries sooner is shed
-    // again, cheaply, so a guess is safe.
-    void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& type, const std::string& code,
-                    const std::string& param = "", bool retry = false) {
-        res.status = status;
-        if (retry || status == 429 || status == 503) res.set_header("Retry-After", "1");
-        res.set_content(openai::error_body(msg, type, code, param), "application/json");
-    }
-    void send_error(httplib::Response& res, const openai::ApiError& e) {
-        stats_.bad_requests++;
-        send_error(res, e.status, e.what(), e.type, e.code, e.param);
-    }
-    void wrong_method(const httplib::Request& req, httplib::Response& res, const char* allowed) {
-        stats_.bad_requests++;
-        res.set_header("Allow", allowed);
-        send_error(res, 405, req.method + " is not allowed on " + req.path + "; use " + allowed, "invalid_request_error",
-                   "method_not_allowed");
-    }
-
-    // ---- /metrics ----------------------------------------------------------------
-    //
-    // The engine's own Prometheus text (metrics.hpp), then the edge's
-    // families. The engine's part is produced on the engine thread (through
-    // the inbox, between two steps), because Metrics is written there: a
-    // scrape during a long step waits for its end, as a vLLM scrape shows the
-    // state as of its last step. The edge's counters are atomics, read here.
-    // The names carry vLLM's colon style ("pagedkv:"): promtool's linter
-    // remarks on the colon, and says nothing else (tests/test_serve.cpp).
-
-    void metrics(httplib::Response& res) {
-        Scrape s;
-        if (!loop_.scrape(s, milliseconds(10000))) {
-            send_error(res, 503, "the engine did not answer the scrape (stopped?)", "server_error", "engine_unavailable");
-            return;
-        }
-        std::string t = s.engine_text;
-        auto family = [&](const char* type, const char* name, const char* help) {
-            t += std::string("# HELP pagedkv:") + name + " " + help + "\n# TYPE pagedkv:" + name + " " + type + "\n";
-        };
-        auto sample = [&](const char* name, const std::string& labels, long v) {
-            t += std::string("pagedkv:") + name + labels + " " + std::to_string(v) + "\n";
-        };
-        // Read at scrape time, unlike the engine's gauges (as of its last
-        // step): a disconnect's freed blocks show here at once.
-        family("gauge", "kv_cache_free_blocks", "Free KV cache blocks, at scrape time.");
-        sample("kv_cache_free_blocks", "", s.free_blocks);
-        family("gauge", "kv_cache_blocks", "KV cache blocks in the pool.");
-        sample("kv_cache_blocks", "", s.num_blocks);
-        family("counter", "http_shed_total", "Requests answered 429 at the edge, by reason.");
-        sample("http_shed_total", "{reason=\"queue_full\"}", stats_.shed_queue_full.load());
-        sample("http_shed_total", "{reason=\"too_many_connections\"}", stats_.shed_connections.load());
-        family("counter", "http_bad_requests_total", "Requests refused with a 4xx for their content (not 429).");
-        sample("http_bad_requests_total", "", stats_.bad_requests.load());
-        family("counter", "http_client_disconnects_total", "Answers whose client left before the end (the request was aborted).");
-        sample("http_client_disconnects_total", "", stats_.disconnects.load());
-        family("gauge", "http_open_answers", "Answers (streams or bodies) being written now.");
-        sample("http_open_answers", "", stats_.open_answers.load());
-        res.set_content(t, "text/plain; version=0.0.4");
-    }
-
-    // ---- completions -------------------------------------------------------------
-
-    // One answer in progress: what the content provider needs between calls.
-    // cpp-httplib calls the provider again and again on the worker's thread
-    // until it says the answer is done (or fails); the releaser runs when
-    // the response is destroyed, whatever happened. Provider and releaser
-    // run on the same worker thread, one after the other: an Answer needs no
-    // lock of its own. A non-streamed answer goes through a provider too
-    // (its one body written at the end, chunked): that is how it, too,
-    // notices a client that hangs up while it waits.
-    struct Answer {
-        openai::Request req;
-        openai::AnswerId id;
-        std::shared_ptr<Channel> ch;
-        openai::TextStream text;
-        std::vector<int32_t> out;   // [output tokens] so far
-        std::string body_text;      // non-streamed: the text so far
-        int preemptions = 0;
-        bool first = true;          // no chunk sent yet
-        bool done = false;          // the last byte was written (or the answer ended with an error)
-        std::string finish;         // "stop" / "length" once known
-        Clock::time_point t0 = Clock::now();
-        Answer(openai::Request r, const pkv::Tokenizer& tok, std::shared_ptr<Channel> c)
-            : req(std::move(r)), ch(std::move(c)), text(tok, req.prompt.back(), req.stop) {}
-    };
-
-    void completion(const httplib::Request& http_req, httplib::Response& res, const httplib::ContentReader& reader, bool chat) {
-        // 1. The body, read by us so the cap holds for every framing: a
-        // Content-Length over it is refused by cpp-httplib (413) before it
-        // is read, and a chunked or compressed body stops at the cap here.
-        std::string body;
-        bool too_big = false;
-        const size_t cap = (size_t)o_.max_body_kib * 1024;
-        const bool read_ok = reader([&](const char* d, size_t n) {
-            if (body.size() + n > cap) {
-                too_big = true;
-                return false;
-            }
-            body.append(d, n);
-            return true;
         });
-        if (!read_ok) {
-            stats_.bad_requests++;
-            if (too_big || res.status == 413) send_error(res, 413, too_large(), "invalid_request_error", "request_too_large");
-            else if (res.status == 415) send_error(res, 415, "the body's Content-Encoding is not one this server can decode",
-                                                   "invalid_request_error", "unsupported_media_type");
-            else send_error(res, 400, "the request body could not be read: cut short, or it stopped arriving for longer than the read timeout (" +
-                                          cli::number_text(o_.read_timeout) + " s)", "invalid_request_error", "bad_request");
-            return;
-        }
-
-        // 2. What it asks for, checked field by field (openai_api.hpp).
-        openai::Request r;
-        try {
-            r = openai::parse_request(body, chat, lim_, tok_, next_seed());
-        } catch (const openai::ApiError& e) {
-            send_error(res, e);
-            return;
-        }
-
-        // 3. Admission at the edge: shed now, or hand it over.
-        auto ch = std::make_shared<Channel>();
-        switch (loop_.submit(r.prompt, r.params, ch)) {
-            case EngineLoop::Admit::kShed:
-                stats_.shed_queue_full++;
-                send_error(res, 429, "the server is overloaded: " + std::to_string(o_.policy.max_waiting) +
-                                         " requests are already waiting (--max-waiting); retry after a moment",
-                           "rate_limit_error", "queue_full", "", true);
-                return;
-            case EngineLoop::Admit::kDown:
-                send_error(res, 503, "the engine is not running: " + loop_.failure(), "server_error", "engine_unavailable");
-                return;
-            case EngineLoop::Admit::kQueued: break;
-        }
-
-        // 4. The engine's verdict, due when the engine thread next drains its
-        // inbox (at most one step away). Only then do we know the status.
-        {
-            std::unique_lock<std::mutex> lk(ch->m);
-            while (ch->door == Channel::Door::kPending && !ch->broken) ch->cv.wait_for(lk, milliseconds(100));
-            if (ch->broken && ch->door == Channel::Door::kPending) {
-                lk.unlock();
-                send_error(res, 503, "the server is shutting down", "server_error", "engine_unavailable");
-                return;
-            }
-            if (ch->door == Channel::Door::kRejected) {
-                const std::string why = ch->reject_reason;
-                const bool retry = ch->retryable;
-                lk.unlock();
-                if (retry) {
-                    stats_.shed_queue_full++;
-                    send_error(res, 429, "the server is overloaded: " + why, "rate_limit_error", "queue_full", "", true);
-                } else {
-                    stats_.bad_requests++;
-                    send_error(res, 400, "the engine refused the request: " + why, "invalid_request_error", "invalid_value");
-                }
-                return;
-            }
-        }
-
-        // 5. The answer, written by a content provider: chunk by chunk for a
-        // stream, one body at the end otherwise. Both watch for a client that
-        // has gone, and the releaser aborts a request that did not finish.
-        auto a = std::make_shared<Answer>(std::move(r), tok_, ch);
-        a->id.chat = chat;
-        a->id.id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
-        a->id.model = a->req.model;
-        a->id.created = (long)std::time(nullptr);
-        stats_.open_answers++;
-        const std::string path = http_req.path;
-        auto provider = [this, a](size_t, httplib::DataSink& sink) { return write_some(*a, sink); };
-        auto releaser = [this, a, path](bool) {
-            stats_.open_answers--;
-            if (!a->done) {
-                // The client left (or the server is stopping): free its blocks.
-                stats_.disconnects++;
-                loop_.abort(a->ch);
-            }
-            if (o_.log_requests) log_request(*a, path);
-        };
-        res.set_chunked_content_provider(a->req.stream ? "text/event-stream" : "application/json", provider, releaser);
     }
-
-    // One call of the content provider: wait briefly for events, write what
-    // they make. Returns false to end the answer with an error (the client
-    // is gone); true otherwise, and cpp-httplib calls again until sink.done().
-    //
-    // Each token is its own SSE event, sent as soon as the engine thread has
-    // routed it: what a client times between two events is the engine's
-    // inter-token latency plus a few microseconds of loopback. During a
-    // preemption pause there are no events: we write nothing (the stream goes
-    // quiet, which is what the client sees), and every 50 ms we only ask the
-    // socket whether the client is still there. A client that left during a
-    // pause is noticed then; one that leaves while tokens flow is noticed at
-    // the next write, which fails.
-    bool write_some(Answer& a, httplib::DataSink& sink) {
-        std::vector<pkv::StreamEvent> events;
-        if (!a.ch->take(events, milliseconds(50))) return fail(a, sink, "the engine stopped before this request finished");
-        if (events.empty()) return sink.is_writable();  // nothing new; is the client still there?
-        std::string out;  // the SSE bytes of this call: written at once, one syscall
-        for (const pkv::StreamEvent& e : events) {
-            if (a.done) break;
-            switch (e.type) {
-                case pkv::EventType::kToken: {
-                    a.out.push_back(e.token);
-                    const std::string piece = a.text.add(e.token);
-                    if (a.req.stream) {
-                        const std::vector<int32_t> one = {e.token};
-                        out += sse(openai::chunk(a.id, piece, "", a.req.return_token_ids ? &one : nullptr, a.first));
-                        a.first = false;
-                    } else {
-                        a.body_text += piece;
-                    }
-                    // A stop string ends the answer here; the engine would go on,
-                    // so we abort the request (its blocks are freed).
-                    if (a.text.stopped()) {
-                        loop_.abort(a.ch);
-                        finish(a, "stop", out);
-                    }
-                    break;
-                }
-                case pkv::EventType::kPreempted:
-                    a.preemptions++;
-                    if (a.req.stream && o_.sse_comments) out += ": pagedkv preempted\n\n";
-                    break;
-                case pkv::EventType::kResumed:
-                    if (a.req.stream && o_.sse_comments) out += ": pagedkv resumed\n\n";
-                    break;
-                case pkv::EventType::kFinished:
-                    if (e.reason == pkv::FinishReason::kError || e.reason == pkv::FinishReason::kAborted) {
-                        // (Never write 0 bytes: cpp-httplib takes that as "no more data".)
-                        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-                        return fail(a, sink, std::string("the request ended early: ") +
-                                                 (e.reason == pkv::FinishReason::kError ? "its forward pass failed" : "it was aborted"));
-                    }
-                    finish(a, openai::finish_reason_text(e.reason), out);
-                    break;
-                case pkv::EventType::kRejected: break;  // answered at the door
-            }
-        }
-        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-        if (a.done) sink.done();
-        return true;
-    }
-
-    static std::string sse(const std::string& json) { return "data: " + json + "\n\n"; }
-
-    // The end of a good answer: the last chunk (or the whole body), usage, [DONE].
-    void finish(Answer& a, const std::string& reason, std::string& out) {
-        a.finish = reason;
-        const std::string rest = a.text.flush();
-        const long P = (long)a.req.prompt.size(), C = (long)a.out.size();
-        if (a.req.stream) {
-            const std::vector<int32_t> none;
-            out += sse(openai::chunk(a.id, rest, reason, a.req.return_token_ids ? &none : nullptr, a.first));
-            if (a.req.include_usage) out += sse(openai::usage_chunk(a.id, P, C));
-            out += "data: [DONE]\n\n";
-        } else {
-            a.body_text += rest;
-            out += openai::body(a.id, a.body_text, reason, a.req.return_token_ids ? &a.out : nullptr, P, C);
-        }
-        a.done = true;
-    }
-
-    // An answer that cannot finish. A stream that has begun can only say so
-    // in an event (its status line is long gone); a body can only be cut off.
-    bool fail(Answer& a, httplib::DataSink& sink, const std::string& why) {
-        a.done = true;  // nothing to abort: the engine already ended it
-        if (!a.req.stream) return false;
-        const std::string e = sse(openai::error_body(why, "server_error", "request_failed")) + "data: [DONE]\n\n";
-        if (!sink.write(e.data(), e.size())) return false;
-        sink.done();
-        return true;
-    }
-
-    void log_request(const Answer& a, const std::string& path) {
-        const double s = std::chrono::duration<double>(Clock::now() - a.t0).count();
-        std::fprintf(stderr, "serve: %s %s %s: %zu prompt + %zu output tokens, %d preemption%s, finish %s, %.3f s\n", a.id.id.c_str(),
-                     path.c_str(), a.req.stream ? "stream" : "body", a.req.prompt.size(), a.out.size(), a.preemptions,
-                     a.preemptions == 1 ? "" : "s", a.finish.empty() ? "none (client left)" : a.finish.c_str(), s);
-    }
-
-    // A request without a seed gets one no other request shares.
-    uint64_t next_seed() {
-        std::lock_guard<std::mutex> lk(seed_m_);
-        return pkv::splitmix64(seed_state_);
+    void finish_shutdown() {
+        if (finished_) return;
+        finished_ = true;
+        drain_timer_.cancel();
+        signals_.cancel();
+        std::vector<std::shared_ptr<Connection>> all;
+        for (auto& [serial, weak] : open_)
+            if (auto c = weak.lock()) all.push_back(c);
+        for (auto& c : all) c->close();
+        io_.stop();  // serve() returns, and stops the engine thread
     }
 
     const Options& o_;
     const pkv::Tokenizer& tok_;
+    net::io_context& io_;
+    tcp::acceptor acceptor_;
+    net::signal_set signals_;
+    net::steady_timer drain_timer_;
     openai::Limits lim_;
     EngineLoop loop_;
     EdgeStats stats_;
-    HttpServer http_;
-    std::atomic<long> next_id_{0};
-    std::atomic<bool> served_{false};  // serve() has returned
-    std::mutex seed_m_;
+    // Every open connection, oldest first (make_room evicts from the front).
+    std::map<uint64_t, std::weak_ptr<Connection>> open_;
+    uint64_t next_serial_ = 0;
+    int answers_ = 0;  // completions being answered (--max-connections)
+    bool draining_ = false, finished_ = false;
+    long next_id_ = 0;
     uint64_t seed_state_ = 0;
     const std::time_t start_time_ = std::time(nullptr);
 };
 
 // ============================================================================
-// 5. main
+// 5. The connection's code
+// ============================================================================
+
+Connection::Connection(Server& srv, tcp::socket sock, uint64_t serial)
+    : srv_(srv), sock_(std::move(sock)), timer_(srv.io()), serial_(serial) {}
+
+void Connection::start() {
+    // Small writes go out at once: a token is a few dozen bytes.
+    beast::error_code ignored;
+    sock_.set_option(tcp::no_delay(true), ignored);
+    parser_.emplace();
+    parser_->header_limit((uint32_t)srv_.options().max_header_kib * 1024);
+    parser_->body_limit((uint64_t)srv_.options().max_body_kib * 1024);
+    read_more();
+}
+
+// ---- reading the request ------------------------------------------------------
+
+// One more read of the request, under whichever clock runs out first: the
+// whole request's (from the accept) or the silence's (from now).
+void Connection::read_more() {
+    const auto whole = accepted_ + seconds(srv_.options().request_timeout);
+    const auto quiet = Clock::now() + seconds(srv_.options().read_timeout);
+    read_timeout_ = quiet < whole;
+    arm(std::min(whole, quiet) - Clock::now(), &Connection::read_timed_out);
+    reading_ = true;
+    http::async_read_some(sock_, in_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t n) {
+        self->reading_ = false;
+        self->on_read(ec, n);
+    });
+}
+
+void Connection::on_read(beast::error_code ec, size_t n) {
+    if (phase_ != Phase::kReading) {  // answered meanwhile (a timeout), or closed (eviction, shutdown)
+        if (phase_ == Phase::kClosing) watch();  // the answer is out: drain
+        return;
+    }
+    disarm();
+    bytes_in_ += n;
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message || ec == net::error::eof) {
+        // The client shut its side before the request was whole (or sent nothing).
+        if (bytes_in_ == 0 && in_.size() == 0) return close_now();
+        srv_.stats().bad_requests++;
+        return error(400, "the request was cut short: the client closed its side before the request was complete", "invalid_request_error",
+                     "bad_request");
+    }
+    if (ec == http::error::header_limit) {
+        srv_.stats().bad_requests++;
+        return error(431, "the request line and headers are larger than this server's limit of " + std::to_string(srv_.options().max_header_kib) +
+                              " KiB (--max-header-kib)", "invalid_request_error", "request_header_fields_too_large");
+    }
+    if (ec == http::error::body_limit) {
+        srv_.stats().bad_requests++;
+        return error(413, "the request body is larger than this server's limit of " + std::to_string(srv_.options().max_body_kib) +
+                              " KiB (--max-body-kib)", "invalid_request_error", "request_too_large");
+    }
+    if (ec && ec.category() == http::make_error_code(http::error::bad_target).category()) {
+        // Beast's parser refused it: not HTTP, two different Content-Lengths,
+        // a bad chunk size, ...
+        srv_.stats().bad_requests++;
+        return error(400, "the HTTP request could not be read: " + ec.message(), "invalid_request_error", "bad_request");
+    }
+    if (ec) return close_now();  // a reset, or the socket closed under us
+    if (parser_->is_header_done() && !head_seen_) {
+        head_seen_ = true;
+        if (!on_head()) return;
+    }
+    if (parser_->is_done()) return dispatch();
+    if (writing_) return;  // a "100 Continue" is on its way; its completion reads on
+    read_more();
+}
+
+// The routes: a path and the methods it takes (HEAD with every GET).
+struct Route {
+    const char* path;
+    const char* allow;
+};
+constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET, HEAD"},
+                             {"/health", "GET, HEAD"},     {"/metrics", "GET, HEAD"}};
+
+// The request's head is in: what can be decided without its body is decided
+// here, before the body is read.
+bool Connection::on_head() {
+    const auto& req = parser_->get();
+    http10_ = req.version() < 11;
+    head_method_ = req.method() == http::verb::head;
+    // The path: an absolute-form target (http://host/path) names it too;
+    // a query string is not part of it.
+    std::string target(req.target());
+    if (target.rfind("http://", 0) == 0 || target.rfind("https://", 0) == 0) {
+        const size_t slash = target.find('/', target.find("//") + 2);
+        target = slash == std::string::npos ? "/" : target.substr(slash);
+    }
+    path_ = target.substr(0, target.find('?'));
+    const Route* route = nullptr;
+    for (const Route& r : kRoutes)
+        if (path_ == r.path) route = &r;
+    const std::string method(req.method_string());
+    if (!route) {
+        srv_.stats().bad_requests++;
+        error(404, "no route for " + method + " " + path_ +
+                       " (this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)",
+              "invalid_request_error", "not_found");
+        return false;
+    }
+    const bool is_post = std::string(route->allow) == "POST";
+    const bool allowed = is_post ? req.method() == http::verb::post : (req.method() == http::verb::get || head_method_);
+    if (!allowed) {
+        wrong_method(route->allow);
+        return false;
+    }
+    if (!is_post) return true;
+    // A body we cannot decode is refused, not read as plain text.
+    const auto enc = req.find(http::field::content_encoding);
+    if (enc != req.end() && !beast::iequals(enc->value(), "identity")) {
+        srv_.stats().bad_requests++;
+        error(415, "the body's Content-Encoding is " + std::string(enc->value()) + ", which this server does not decode: send it uncompressed",
+              "invalid_request_error", "unsupported_media_type");
+        return false;
+    }
+    if (srv_.draining()) {
+        error(503, "the server is shutting down", "server_error", "server_shutdown", "", true);
+        return false;
+    }
+    // The cap on completions, before their body is read.
+    if (!srv_.take_answer_slot()) {
+        srv_.stats().shed_connections++;
+        error(429, "too many connections: this server answers " + std::to_string(srv_.options().max_connections) +
+                       " completions at once (--max-connections); retry after a moment",
+              "rate_limit_error", "too_many_connections", "", true);
+        return false;
+    }
+    counted_ = true;
+    // A client that asks first (Expect: 100-continue, as curl does for large
+    // bodies) is told to go on; otherwise it waits a second before sending.
+    if (beast::iequals(req[http::field::expect], "100-continue") && !http10_) write("HTTP/1.1 100 Continue\r\n\r\n");
+    return true;
+}
+
+void Connection::dispatch() {
+    phase_ = Phase::kAnswering;
+    const std::string& p = path_;
+    if (p == "/health") {
+        const std::string f = srv_.loop().failure();
+        if (!f.empty()) return error(503, "the engine stopped: " + f, "server_error", "engine_failed", "", true);
+        return answer(200, "application/json", "{\"status\":\"ok\"}");
+    }
+    if (p == "/v1/models") {
+        const openai::Limits& lim = srv_.limits();
+        const openai::ojson m = {{"id", lim.model_id}, {"object", "model"}, {"created", (long)srv_.start_time()},
+                                 {"owned_by", "pagedkv"}, {"max_model_len", lim.max_model_len}};
+        return answer(200, "application/json", openai::dump({{"object", "list"}, {"data", openai::ojson::array({m})}}));
+    }
+    if (p == "/metrics") return metrics();
+    completion(p == "/v1/chat/completions");
+}
+
+// ---- answers --------------------------------------------------------------------
+
+// A whole answer at once, then the connection closes. A 429 or 503 says when
+// to retry: one second, a fixed guess. A busier server could compute it from
+// the queue's drain rate; a client that retries sooner is shed again,
+// cheaply, so a guess is safe.
+void Connection::answer(int status, const std::string& content_type, std::string body, const std::string& allow, bool retry) {
+    if (phase_ == Phase::kClosing || phase_ == Phase::kClosed || head_sent_) return;
+    phase_ = Phase::kAnswering;
+    http::response<http::string_body> res{(http::status)status, 11};
+    res.set(http::field::server, "pagedkv");
+    res.set(http::field::content_type, content_type);
+    if (!allow.empty()) res.set(http::field::allow, allow);
+    if (retry || status == 429 || status == 503) res.set(http::field::retry_after, "1");
+    res.keep_alive(false);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    std::ostringstream o;
+    if (head_method_) o << res.base();  // HEAD: the head alone, Content-Length included
+    else o << res;
+    head_sent_ = true;
+    write(o.str(), /*last=*/true);
+}
+
+// An OpenAI-style error (openai_api.hpp section 1).
+void Connection::error(int status, const std::string& msg, const std::string& type, const std::string& code, const std::string& param,
+                       bool retry) {
+    answer(status, "application/json", openai::error_body(msg, type, code, param), "", retry);
+}
+
+void Connection::wrong_method(const std::string& allow) {
+    srv_.stats().bad_requests++;
+    const std::string method(parser_->get().method_string());
+    answer(405, "application/json",
+           openai::error_body(method + " is not allowed on " + path_ + "; use " + allow, "invalid_request_error", "method_not_allowed"), allow);
+}
+
+// The engine's part comes from the engine thread (its Metrics are written
+// there), between two steps: a scrape during a long step waits for its end.
+// The edge's part is read here. The names carry vLLM's colon style
+// ("pagedkv:"): promtool's linter remarks on the colon, and says nothing
+// else (tests/test_serve.cpp).
+void Connection::metrics() {
+    arm(std::chrono::seconds(10), &Connection::write_timed_out);  // an engine stuck in a step: 503 below
+    srv_.loop().scrape([self = shared_from_this()](std::string page) {
+        if (self->phase_ != Phase::kAnswering || self->head_sent_) return;
+        self->disarm();
+        if (page.empty()) return self->error(503, "the engine did not answer the scrape (stopped?)", "server_error", "engine_unavailable");
+        self->answer(200, "text/plain; version=0.0.4", page + self->srv_.edge_metrics());
+    });
+}
+
+void Connection::completion(bool chat) {
+    chat_ = chat;
+    // What it asks for, checked field by field (openai_api.hpp).
+    try {
+        req_.emplace(openai::parse_request(parser_->get().body(), chat, srv_.limits(), srv_.tok(), srv_.next_seed()));
+    } catch (const openai::ApiError& e) {
+        srv_.stats().bad_requests++;
+        return error(e.status, e.what(), e.type, e.code, e.param);
+    }
+    parser_.reset();  // the body is parsed: its memory goes
+    // Admission at the edge: shed now, or hand it over.
+    switch (srv_.loop().submit(req_->prompt, req_->params, shared_from_this())) {
+        case EngineLoop::Admit::kShed:
+            srv_.stats().shed_queue_full++;
+            return error(429, "the server is overloaded: " + std::to_string(srv_.options().policy.max_waiting) +
+                                  " requests are already waiting (--max-waiting); retry after a moment",
+                         "rate_limit_error", "queue_full", "", true);
+        case EngineLoop::Admit::kDown:
+            return error(503, "the engine is not running: " + srv_.loop().failure(), "server_error", "engine_unavailable");
+        case EngineLoop::Admit::kQueued: break;
+    }
+    id_.chat = chat;
+    id_.id = srv_.next_answer_id(chat);
+    id_.model = req_->model;
+    id_.created = (long)std::time(nullptr);
+    text_.emplace(srv_.tok(), req_->prompt.back(), req_->stop);
+    // The engine's verdict comes as a note (at most one step away); meanwhile
+    // we watch for the client leaving.
+    watch();
+}
+
+void Connection::on_note(const Note& n) {
+    if (n.kind == Note::kDoor) engine_id_ = n.id;
+    if (done_ || client_gone_ || phase_ == Phase::kClosed) {
+        // The answer ended already (its client left, or shutdown cut it
+        // while it waited for this verdict): nobody waits for the request.
+        if (n.kind == Note::kDoor && n.accepted) srv_.loop().abort(n.id);
+        return;
+    }
+    switch (n.kind) {
+        case Note::kDoor:
+            if (!n.accepted) {
+                if (n.retryable) {
+                    srv_.stats().shed_queue_full++;
+                    return error(429, "the server is overloaded: " + n.reason, "rate_limit_error", "queue_full", "", true);
+                }
+                srv_.stats().bad_requests++;
+                return error(400, "the engine refused the request: " + n.reason, "invalid_request_error", "invalid_value");
+            }
+            door_open_ = true;
+            // A stream's head goes now; a body's at the end, unless the client
+            // shut its side: then the head is our probe (see on_client_eof).
+            if (req_->stream) send_head("text/event-stream");
+            else if (eof_seen_) send_head("application/json");
+            return;
+        case Note::kEvent:
+            return on_events({n.event});
+        case Note::kGone:
+            return fail_stream(n.reason.empty() ? "the engine stopped before this request finished" : n.reason);
+    }
+}
+
+// The 200 head of a completion. Chunked for an HTTP/1.1 client; for an
+// HTTP/1.0 client (which knows no chunks) the body simply ends with the
+// connection.
+void Connection::send_head(const std::string& content_type) {
+    if (head_sent_) return;
+    http::response<http::empty_body> res{http::status::ok, 11};
+    res.set(http::field::server, "pagedkv");
+    res.set(http::field::content_type, content_type);
+    if (req_->stream) res.set(http::field::cache_control, "no-cache");
+    res.keep_alive(false);
+    chunked_ = !http10_;
+    if (chunked_) res.chunked(true);
+    std::ostringstream o;
+    o << res.base();
+    head_sent_ = true;
+    write(o.str());
+}
+
+// Each token is its own SSE event, sent as soon as the step that made it is
+// over: what a client times between two events is the engine's inter-token
+// latency plus a few microseconds of loopback. During a preemption pause
+// there are no events, and we write nothing: the stream goes quiet, which is
+// what the client sees.
+void Connection::on_events(const std::vector<pkv::StreamEvent>& evs) {
+    std::string out;  // this batch's SSE bytes: one write
+    for (const pkv::StreamEvent& e : evs) {
+        if (done_) break;
+        switch (e.type) {
+            case pkv::EventType::kToken: {
+                tokens_.push_back(e.token);
+                const std::string piece = text_->add(e.token);
+                if (req_->stream) {
+                    const std::vector<int32_t> one = {e.token};
+                    out += "data: " + openai::chunk(id_, piece, "", req_->return_token_ids ? &one : nullptr, tokens_.size() == 1) + "\n\n";
+                } else {
+                    body_text_ += piece;
+                }
+                // A stop string ends the answer here; the engine would go on,
+                // so we abort the request (its blocks are freed).
+                if (text_->stopped()) {
+                    srv_.loop().abort(engine_id_);
+                    finish("stop", out);
+                }
+                break;
+            }
+            case pkv::EventType::kPreempted:
+                preemptions_++;
+                if (req_->stream && srv_.options().sse_comments) out += ": pagedkv preempted\n\n";
+                break;
+            case pkv::EventType::kResumed:
+                if (req_->stream && srv_.options().sse_comments) out += ": pagedkv resumed\n\n";
+                break;
+            case pkv::EventType::kFinished:
+                if (e.reason == pkv::FinishReason::kError || e.reason == pkv::FinishReason::kAborted) {
+                    if (!out.empty()) write_body(out);
+                    return fail_stream(std::string("the request ended early: ") +
+                                       (e.reason == pkv::FinishReason::kError ? "its forward pass failed" : "it was aborted"));
+                }
+                finish(openai::finish_reason_text(e.reason), out);
+                break;
+            case pkv::EventType::kRejected: break;  // answered at the door
+        }
+    }
+    if (!out.empty()) write_body(out);
+    if (done_) {
+        if (head_sent_ && chunked_) write(beast::buffers_to_string(http::make_chunk_last()), true);
+        else close_after_write_ = true;
+        if (!writing_ && out_.empty()) close_gracefully();
+    }
+}
+
+// The end of a good answer: the last chunk (or the whole body), usage, [DONE].
+void Connection::finish(const std::string& reason, std::string& out) {
+    finish_ = reason;
+    done_ = true;
+    const std::string rest = text_->flush();
+    const long P = (long)req_->prompt.size(), C = (long)tokens_.size();
+    if (req_->stream) {
+        const std::vector<int32_t> none;
+        out += "data: " + openai::chunk(id_, rest, reason, req_->return_token_ids ? &none : nullptr, tokens_.empty()) + "\n\n";
+        if (req_->include_usage) out += "data: " + openai::usage_chunk(id_, P, C) + "\n\n";
+        out += "data: [DONE]\n\n";
+    } else {
+        body_text_ += rest;
+        const std::string body = openai::body(id_, body_text_, reason, req_->return_token_ids ? &tokens_ : nullptr, P, C);
+        if (head_sent_) out += body;  // after an early head (a probe): the body as its chunks
+        else answer(200, "application/json", body);  // the usual case: one whole answer, with its length
+    }
+    log_request();
+}
+
+// An answer that cannot finish (the engine stopped or failed it, or the
+// server is shutting down). A stream that has begun can only say so in an
+// event, then [DONE]: a client raises the error, and never takes the cut for
+// a whole answer. A body not yet begun gets a 503; one begun (after a probe)
+// gets the error object as its body.
+void Connection::fail_stream(const std::string& why) {
+    if (done_) return;
+    done_ = true;
+    log_request();
+    const std::string code = srv_.draining() ? "server_shutdown" : "request_failed";
+    if (!head_sent_) return error(503, why, "server_error", code, "", true);
+    write_body(req_->stream ? "data: " + openai::error_body(why, "server_error", code) + "\n\ndata: [DONE]\n\n"
+                            : openai::error_body(why, "server_error", code));
+    if (chunked_) write(beast::buffers_to_string(http::make_chunk_last()), true);
+    else close_after_write_ = true;
+    if (!writing_ && out_.empty()) close_gracefully();
+}
+
+// Shutdown's deadline, for whatever this connection is doing.
+void Connection::cut(const std::string& why) {
+    if (phase_ == Phase::kReading) return close_now();
+    if (phase_ != Phase::kAnswering) return;
+    if (req_ && !done_) {
+        if (door_open_ && engine_id_ >= 0) srv_.loop().abort(engine_id_);
+        return fail_stream(why);
+    }
+    if (!head_sent_) error(503, why, "server_error", "server_shutdown", "", true);  // a scrape still waiting
+}
+
+// The answer's slot (--max-connections) is free once its last bytes are
+// written (or the connection is closed): a client that reads slowly holds it.
+void Connection::end_answer() {
+    if (!counted_) return;
+    counted_ = false;
+    srv_.release_answer_slot();
+}
+
+// ---- the socket ------------------------------------------------------------------
+
+// Queues bytes; one write at a time, in order. `last`: the connection closes
+// (gracefully) once they are written.
+void Connection::write(std::string bytes, bool last) {
+    if (phase_ == Phase::kClosed || client_gone_) return;
+    out_.push_back(std::move(bytes));
+    if (last) close_after_write_ = true;
+    flush();
+}
+// Body bytes of a completion: one chunk each for a chunked answer.
+void Connection::write_body(const std::string& bytes) {
+    if (bytes.empty()) return;  // (an empty chunk would end a chunked body)
+    write(chunked_ ? beast::buffers_to_string(http::make_chunk(net::buffer(bytes))) : bytes);
+}
+
+void Connection::flush() {
+    if (writing_ || out_.empty() || phase_ == Phase::kClosed) return;
+    writing_ = true;
+    arm(seconds(srv_.options().write_timeout), &Connection::write_timed_out);
+    net::async_write(sock_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+        self->writing_ = false;
+        if (self->phase_ == Phase::kClosed) return;
+        self->disarm();
+        if (ec) return self->gone("a write failed");
+        self->out_.pop_front();
+        if (!self->out_.empty()) return self->flush();
+        if (self->close_after_write_) self->close_gracefully();
+        else if (self->phase_ == Phase::kReading) self->read_more();  // a "100 Continue" is out: the body comes
+    });
+}
+
+// The one read that may be pending on the socket once the request is in
+// (Asio allows one read at a time on a socket; on_read, reading the request,
+// is the other). While a completion is answered it watches: the client sends
+// nothing more, so whatever the read returns is news. An end of stream: the
+// client shut its sending side -- or closed its socket. Either way a FIN
+// came; only our next bytes tell the two apart (on_client_eof). A reset: the
+// client is gone. While closing, it drains what the client still sends
+// until the client closes too.
+void Connection::watch() {
+    if (reading_ || phase_ == Phase::kClosed) return;
+    reading_ = true;
+    sock_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+        self->reading_ = false;
+        self->on_watch(ec, n);
+    });
+}
+void Connection::on_watch(beast::error_code ec, size_t n) {
+    // Bytes after the request (a pipelined one we will not serve) are
+    // dropped; a client that sends megabytes is cut off.
+    discarded_ += n;
+    const bool too_much = discarded_ > (1u << 20);
+    if (phase_ == Phase::kClosing) return ec || too_much ? close_now() : watch();
+    if (phase_ != Phase::kAnswering) return;
+    if (!ec) return too_much ? gone("it kept sending after its request") : watch();
+    if (ec == net::error::eof) return on_client_eof();
+    gone("its connection was reset");
+}
+
+// A FIN from the client. One that closed its socket answers any byte we send
+// with a reset; one that only shut its sending side (`nc -N`, some HTTP/1.0
+// clients) reads on. So we make sure bytes go out now -- a stream's head is
+// out already, and a comment line (which every SSE client skips) follows;
+// a body's head goes early -- and wait for a reset (async_wait on the
+// socket's error state): if one comes, the client is gone and its request is
+// aborted; if not, it gets its answer.
+void Connection::on_client_eof() {
+    eof_seen_ = true;
+    sock_.async_wait(tcp::socket::wait_error, [self = shared_from_this()](beast::error_code ec) {
+        if (!ec && self->phase_ == Phase::kAnswering) self->gone("it closed its connection");
+    });
+    if (!door_open_ || done_) return;  // the verdict sends the head (on_note); a finished answer is being written
+    if (req_->stream) write_body(":\n\n");
+    else send_head("application/json");
+}
+
+// The client left before the end of its answer: abort its request, so its
+// blocks are free for the next step; nothing more is written.
+void Connection::gone(const char* how) {
+    if (client_gone_ || phase_ == Phase::kClosed) return;
+    client_gone_ = true;
+    if (req_ && !done_) {
+        srv_.stats().disconnects++;
+        if (door_open_) {
+            done_ = true;
+            srv_.loop().abort(engine_id_);
+        }
+        // (still at the door: on_note aborts it when the verdict comes)
+        if (srv_.options().log_requests)
+            std::fprintf(stderr, "serve: %s: the client left (%s) after %zu tokens\n", id_.id.c_str(), how, tokens_.size());
+    }
+    end_answer();
+    close_now();
+}
+
+// Our answer is out: shut our side, and wait (at most 2 s) for the client to
+// close its own before closing the socket (see section 3).
+void Connection::close_gracefully() {
+    if (phase_ == Phase::kClosing || phase_ == Phase::kClosed) return;
+    phase_ = Phase::kClosing;
+    end_answer();
+    beast::error_code ignored;
+    sock_.shutdown(tcp::socket::shutdown_send, ignored);
+    if (eof_seen_) return close_now();
+    arm(std::chrono::seconds(2), &Connection::close_now);
+    watch();  // (or the read pending now: it sees kClosing and drains)
+}
+
+void Connection::close_now() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kClosed;
+    if (req_ && !done_ && door_open_) {  // closed by the server (evicted, shut down) mid-answer
+        done_ = true;
+        srv_.loop().abort(engine_id_);
+    }
+    end_answer();
+    disarm();
+    beast::error_code ignored;
+    sock_.close(ignored);  // pending operations end with operation_aborted
+    srv_.closed(*this);
+}
+
+// One timer per connection, re-armed for each wait; a stale expiry (from an
+// earlier arm) is recognised by its generation and ignored.
+void Connection::arm(std::chrono::nanoseconds d, void (Connection::*on_expiry)()) {
+    const uint64_t gen = ++timer_gen_;
+    timer_.expires_after(d);
+    timer_.async_wait([self = shared_from_this(), gen, on_expiry](beast::error_code ec) {
+        if (ec || gen != self->timer_gen_ || self->phase_ == Phase::kClosed) return;
+        ((*self).*on_expiry)();
+    });
+}
+void Connection::disarm() {
+    ++timer_gen_;
+    timer_.cancel();
+}
+
+// The request did not arrive in time. A connection that never sent a byte
+// is just closed (there is nothing to answer); otherwise 408.
+void Connection::read_timed_out() {
+    if (phase_ != Phase::kReading) return;
+    if (bytes_in_ == 0 && in_.size() == 0) return close_now();
+    srv_.stats().timeouts++;
+    const Options& o = srv_.options();
+    const std::string why = read_timeout_ ? "it fell silent for longer than the read timeout (" + cli::number_text(o.read_timeout) + " s), --read-timeout"
+                                          : "it took longer than the request timeout (" + cli::number_text(o.request_timeout) + " s), --request-timeout";
+    beast::error_code ignored;
+    sock_.cancel(ignored);  // the pending read ends (its handler sees we moved on)
+    phase_ = Phase::kAnswering;
+    error(408, "the request did not arrive in time: " + why, "invalid_request_error", "request_timeout");
+}
+
+void Connection::write_timed_out() {
+    if (phase_ == Phase::kClosing) return close_now();
+    if (writing_) return gone("it did not read what we sent within the write timeout");
+    // A scrape the engine did not answer in time.
+    if (!head_sent_ && phase_ == Phase::kAnswering && path_ == "/metrics")
+        error(503, "the engine did not answer the scrape within 10 s (a long step?)", "server_error", "engine_unavailable");
+}
+
+void Connection::log_request() {
+    if (!srv_.options().log_requests || !req_) return;
+    const double s = std::chrono::duration<double>(Clock::now() - accepted_).count();
+    std::fprintf(stderr, "serve: %s %s %s: %zu prompt + %zu output tokens, %d preemption%s, finish %s, %.3f s\n", id_.id.c_str(), path_.c_str(),
+                 req_->stream ? "stream" : "body", req_->prompt.size(), tokens_.size(), preemptions_, preemptions_ == 1 ? "" : "s",
+                 finish_.empty() ? "none (cut short)" : finish_.c_str(), s);
+}
+
+// ============================================================================
+// 6. main
 // ============================================================================
 
 // Start-up order: parse, load, build the engine, bind the port (an error
 // there is one line and exit status 1, before any thread exists), print
 // "listening on ..." (true from this moment: a client that connects now
 // waits in the kernel's backlog), then start the engine thread and the
-// accept loop. Shutdown runs it backwards.
+// event loop. Shutdown runs it backwards.
 int run(int argc, char** argv) {
-    const Options o = parse(argc, argv);
-    // A client that hangs up must not kill us: writes to its socket fail with
-    // EPIPE instead of raising SIGPIPE (cpp-httplib's sends do not ask for that).
+    Options opts = parse(argc, argv);
+    fit_file_limit(opts);
+    const Options& o = opts;
+    // A client that hangs up must not kill us: a write to its socket fails
+    // with EPIPE instead of raising SIGPIPE.
     ::signal(SIGPIPE, SIG_IGN);
-    // Ctrl-C and SIGTERM are taken by one thread with sigwait(); every thread
-    // started from here on inherits the blocked mask. Not a signal handler:
-    // a handler may only call async-signal-safe functions, and stopping the
-    // server takes locks and joins threads.
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer);
-    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model), study::engine_config(o));
+    pkv::EngineConfig ec = study::engine_config(o);
+    ec.keep_latency_samples = false;  // histograms only: flat memory however long we run
+    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model), ec);
     if (o.log_interval > 0) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
-    Server server(o, eng, mt.tok);
+    net::io_context io(1);  // one thread runs it: the handlers need no locks among themselves
+    Server server(o, eng, mt.tok, io);
     const int port = server.bind();
 
     std::printf("model: %s (id \"%s\": dim %d, %d layers, vocab %d)\n", mt.name.c_str(), o.model_name.c_str(), mt.model.cfg.dim,
                 mt.model.cfg.n_layers, mt.model.cfg.vocab_size);
     std::printf("%s\n", study::startup_summary(eng).c_str());
-    std::printf("edge: %d connections at once, bodies up to %d KiB, read timeout %s s, %s\n", o.max_connections, o.max_body_kib,
-                cli::number_text(o.read_timeout).c_str(),
-                o.policy.max_waiting > 0 ? ("429 when " + std::to_string(o.policy.max_waiting) + " requests wait").c_str() : "no queue limit (--max-waiting 0)");
+    std::printf("edge: %d completions at once, up to %d connections open, requests within %s s (silent at most %s s), headers up to %d KiB, "
+                "bodies up to %d KiB, %s\n",
+                o.max_connections, o.max_open_connections, cli::number_text(o.request_timeout).c_str(), cli::number_text(o.read_timeout).c_str(),
+                o.max_header_kib, o.max_body_kib,
+                o.policy.max_waiting > 0 ? ("429 when " + std::to_string(o.policy.max_waiting) + " requests wait").c_str()
+                                         : "no queue limit (--max-waiting 0)");
     std::printf("listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
 
-    std::thread signals([&] {
-        int sig = 0;
-        sigwait(&stop_signals, &sig);
-        server.stop();
-    });
-    server.serve();  // returns once the listener has stopped and every worker is done
-    // If the listener stopped by itself, the signal thread still waits: wake it.
-    pthread_kill(signals.native_handle(), SIGTERM);
-    signals.join();
+    server.serve();  // returns once the server has shut down (the first signal, then its deadline)
     std::printf("stopped\n");
     return 0;
 }

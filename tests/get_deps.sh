@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Makes the HTTP example's two libraries available to the build: cpp-httplib
-# (Debian's libcpp-httplib-dev: HTTP and server-sent events) and nlohmann/json
-# (Debian's nlohmann-json3-dev: parsing untrusted JSON). Only build/serve,
-# build/loadgen and the serve tests use them; `make run`, the headers of the
-# engine and every other example never do. In order:
+# Makes the HTTP example's libraries available to the build: Boost.Beast and
+# Boost.Asio (Debian's libboost1.81-dev, header-only: build/serve's HTTP server),
+# cpp-httplib (Debian's libcpp-httplib-dev: the HTTP clients of build/loadgen
+# and the serve tests) and nlohmann/json (Debian's nlohmann-json3-dev: parsing
+# untrusted JSON). Only build/serve, build/loadgen and the serve tests use
+# them; `make run`, the headers of the engine and every other example never do.
+#
+# Boost first: Boost 1.81 or newer in /usr/include or DEPS/include will do;
+# else, as root on a machine without Boost, apt-get install libboost1.81-dev;
+# otherwise (not root, or an older Boost that other software may need)
+# apt-get download it and unpack its headers into DEPS/include, which the
+# Makefile searches before /usr/include. Then cpp-httplib and nlohmann/json,
+# in order:
 #   1. both are installed (/usr/include/httplib.h, /usr/include/nlohmann/json.hpp): done;
 #   2. DEPS holds both (an earlier run of this script): done;
 #   3. we are root: apt-get install them (apt-get update first when the
@@ -64,6 +72,41 @@ system_pc() { ls /usr/lib/*/pkgconfig/cpp-httplib.pc /usr/lib/pkgconfig/cpp-http
 have_system() { [ -f /usr/include/httplib.h ] && [ -f /usr/include/nlohmann/json.hpp ] && [ -n "$(system_pc)" ]; }
 have_local() { [ -f "$deps/include/httplib.h" ] && [ -f "$deps/include/nlohmann/json.hpp" ] && [ -f "$deps/lib/libcpp-httplib.so" ] && [ -f "$deps/pkg/cpp-httplib.pc" ]; }
 
+# ---- Boost ------------------------------------------------------------------
+boost_ok() {  # $1: an include directory holding Boost 1.81 or newer, with Beast
+    local v
+    v=$(sed -n 's/^#define BOOST_VERSION \([0-9]*\)$/\1/p' "$1/boost/version.hpp" 2>/dev/null)
+    [ -n "$v" ] && [ "$v" -ge 108100 ] && [ -f "$1/boost/beast/http.hpp" ] && [ -f "$1/boost/asio.hpp" ]
+}
+# (PAGEDKV_DEPS_UNPACK_ALL=1: unpack into DEPS even when /usr/include has it,
+# to test that path on a machine that has Boost.)
+system_boost_ok() { [ -z "${PAGEDKV_DEPS_UNPACK_ALL:-}" ] && boost_ok /usr/include; }
+if ! boost_ok "$deps/include" && ! system_boost_ok; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -e /usr/include/boost ]; then
+        echo "get_deps: installing Debian's libboost1.81-dev (apt-get; headers only are used)" >&2
+        apt-get install -y libboost1.81-dev >/dev/null 2>&1 ||
+            { apt-get update >/dev/null 2>&1 && apt-get install -y libboost1.81-dev >/dev/null 2>&1; }
+    fi
+    if ! system_boost_ok && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then
+        echo "get_deps: fetching Debian's libboost1.81-dev package into $deps (its headers; no root needed)" >&2
+        rm -rf "$deps/boost-pkg" && mkdir -p "$deps/boost-pkg" "$deps/include"
+        if (cd "$deps/boost-pkg" && apt-get download libboost1.81-dev >/dev/null 2>&1) &&
+            dpkg-deb -x "$deps"/boost-pkg/libboost1.81-dev_*.deb "$deps/boost-pkg/root"; then
+            rm -rf "$deps/include/boost" && mv "$deps/boost-pkg/root/usr/include/boost" "$deps/include/boost"
+        fi
+        rm -rf "$deps/boost-pkg"
+    fi
+    if ! boost_ok "$deps/include" && ! system_boost_ok; then
+        cat >&2 <<MSG
+error: build/serve needs Boost 1.81 or newer (Beast and Asio; Debian package libboost1.81-dev),
+which is not installed and could not be fetched. Only build/serve needs it.
+    sudo apt-get update && sudo apt-get install -y libboost1.81-dev
+MSG
+        exit 1
+    fi
+fi
+
+# ---- cpp-httplib and nlohmann/json -----------------------------------------
 if have_system; then write_flags "$(system_pc)" ""; exit 0; fi
 if have_local; then write_flags "$deps/pkg/cpp-httplib.pc" "$deps_abs/lib"; exit 0; fi
 

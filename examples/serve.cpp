@@ -242,6 +242,7 @@ Options parse(int argc, char** argv) {
     study::add_engine_flags(p, o);
     p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU)");
+    pkv::add_math_flag(p, &o.math);
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.integer("--max-connections", &o.max_connections, 1, 65536,
               "completions answered at once (streams and bodies); one more gets a fast 429. /health, /metrics and /v1/models never count");
@@ -1561,7 +1562,7 @@ int run(int argc, char** argv) {
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer);
     pkv::EngineConfig ec = study::engine_config(o);
     ec.keep_latency_samples = false;  // histograms only: flat memory however long we run
-    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model), ec);
+    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model, o.math), ec);
     if (o.log_interval > 0) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
     net::io_context io(1);  // one thread runs it: the handlers need no locks among themselves
     Server server(o, eng, mt.tok, io);

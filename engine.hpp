@@ -46,8 +46,10 @@ namespace pkv {
 //
 // A client of an inference server gets tokens as they are sampled, then an
 // end of stream. We add the state changes a client never sees (kPreempted,
-// kResumed), so that examples/overload can mark where a stream paused; a real
-// server simply sends nothing for a while (examples/serve.cpp).
+// kResumed), so that examples/overload can mark where a stream paused. What a
+// client of a real server sees is no tokens for a while; OpenAI's stream has
+// no event for a pause, so examples/serve.cpp sends at most an SSE comment
+// line (": pagedkv preempted"), which every client skips.
 // Order within one step: preempted and resumed events first (decided by
 // schedule()), then, request by request, its token and, if that token stopped
 // it, its kFinished. A token is emitted exactly once, when it is sampled; a
@@ -105,7 +107,7 @@ public:
           geo_{model().n_layers, cfg_.num_blocks, cfg_.block_size, model().n_kv_heads, model().head_dim(), cfg_.kv_dtype},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching), sched_(cfg_.sched, pool_),
           clock_(clock ? clock : &wall_clock_), log_(clock_->now()) {
-        runner_->init_kv_cache(geo_, cfg_.sched.swap_space_blocks);
+        runner_->init_kv_cache(geo_);
         metrics_.keep_samples(cfg_.keep_latency_samples);
     }
     // The scheduler refers to pool_, requests into its queues: no copies.
@@ -135,7 +137,7 @@ public:
     Request* request(int id) { return sched_.request(id); }
     double now() { return clock_->now(); }
     bool has_unfinished() const { return sched_.has_unfinished(); }
-    size_t block_bytes() const { return geo_.bytes_per_block(); }  // all layers, K and V: one swap copy
+    const KVGeometry& geometry() const { return geo_; }  // the cache's shape: blocks, layers, heads, dtype
 
     // ---- the door ---------------------------------------------------------------
 
@@ -185,10 +187,6 @@ public:
         struct Reset { bool& f; ~Reset() { f = false; } } reset{in_step_};  // even if a phase throws
         SchedulerOutput so = sched_.schedule();
         if (on_schedule) on_schedule(so);
-        // A policy that swaps (lab/policies.hpp) asks for block copies before the
-        // forward pass: a victim's freed blocks keep its K/V until the pass writes them.
-        runner_->apply_swaps(so.swap_out, so.swap_in);
-        metrics_.on_swap(so.swap_out.size(), so.swap_in.size(), block_bytes());
         const double t = clock_->now();
         for (const auto& [list, type] : {std::pair{&so.preempted, EventType::kPreempted}, std::pair{&so.resumed, EventType::kResumed}})
             for (Request* r : *list)
@@ -198,8 +196,6 @@ public:
         if (so.scheduled.empty() && sched_.has_unfinished()) throw std::logic_error("engine made no progress with requests pending");
         StepBatch sb = build_batch(so);
         run_forward(sb);
-        // A modelled runner's step took simulated time: tokens come at its end.
-        if (const double d = runner_->take_modelled_seconds(); d >= 0) clock_->advance(d);
         account_and_commit(sb);
         sample_and_stream(sb);
         // (e) Aborts asked for during the step free their blocks only now,
@@ -244,8 +240,7 @@ private:
     static EngineConfig derive(const ModelRunner* runner, EngineConfig c) {
         if (!runner) throw std::invalid_argument("Engine: no model runner");
         if (!std::isfinite(c.log_interval_s)) throw std::invalid_argument("log_interval_s must be a finite number of seconds");
-        const KVCacheSpec kv = size_kv_cache(*runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.swap_space_blocks,
-                                                      c.sched.max_model_len});
+        const KVCacheSpec kv = size_kv_cache(*runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.max_model_len});
         c.num_blocks = kv.num_blocks;
         c.sched.max_model_len = kv.max_model_len;
         return c;
@@ -270,9 +265,7 @@ private:
     // carries its own position and block table row (ForwardBatch).
     StepBatch build_batch(const SchedulerOutput& so) {
         StepBatch sb{so, {}, {}, std::vector<char>(so.scheduled.size(), 0), true};
-        // Block-table rows only for a runner that reads them (a simulated GPU
-        // does not), each as wide as the longest table: one allocation a step.
-        sb.batch.with_tables = runner_->needs_block_tables();
+        // Block-table rows as wide as the longest table: one allocation a step.
         size_t width = 0;
         for (const ScheduledRequest& s : so.scheduled) width = std::max(width, s.req->block_table.blocks.size());
         sb.batch.reserve((int)so.scheduled.size(), (int)width);
@@ -284,14 +277,10 @@ private:
             sb.batch.add_sequence(r->block_table.blocks, cfg_.block_size, r->tokens.data() + first, first, s.num_new_tokens, reaches_end);
             if (!reaches_end) continue;
             sb.sampled.push_back(r);
-            sb.batch.logits_seed.push_back(r->params.seed);
-            sb.batch.logits_output_index.push_back(r->num_output_tokens());
         }
         // All greedy: the runner returns each row's argmax, computed where the
         // logits are (on a GPU, one int per row comes back instead of a row).
-        // A runner that produces tokens itself is asked the same way.
         for (const Request* r : sb.sampled) sb.all_greedy = sb.all_greedy && r->params.temperature == 0.0f;
-        sb.all_greedy = sb.all_greedy || runner_->produces_tokens();
         return sb;
     }
 
@@ -384,8 +373,9 @@ private:
     // requests' blocks are back in the pool; requests a policy holds count as
     // waiting, and its own counters are copied in too.
     void end_step() {
-        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting(), sched_.stats());
-        sched_.policy().report(metrics_);
+        const SchedulerStats& s = sched_.stats();
+        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting(), s.num_preemptions_total,
+                             s.prefix_cache_queries, s.prefix_cache_hits);
         clock_->on_step_end();
         if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());
     }

@@ -45,8 +45,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/metrics.hpp"       // SchedulerStats, and Metrics for a policy's report()
-#include "core/prefix_cache.hpp"  // (and core/block_pool.hpp)
+#include "core/prefix_cache.hpp"  // find_cached_prefix, cache_full_blocks (and core/block_pool.hpp)
 #include "tiny_model/sampler.hpp"  // SamplingParams
 
 namespace pkv {
@@ -134,9 +133,6 @@ struct SchedulerConfig {
     // the requests already running: thrash at admission. A check, not a
     // reservation: only this step's chunk is allocated.
     bool full_sequence_must_fit = true;
-    // Host swap space the runner allocates (vLLM's CacheConfig.swap_space),
-    // for a policy that swaps.
-    int swap_space_blocks = 0;
     // Another policy (section 3), made fresh for each scheduler (a factory,
     // so a config can be copied). Empty = the card's.
     std::function<std::unique_ptr<SchedulerPolicy>(const SchedulerConfig&)> policy;
@@ -155,9 +151,17 @@ struct SchedulerOutput {
     std::vector<Request*> preempted;          // victims of this step, in preemption order
     std::vector<Request*> resumed;            // previously preempted requests running again
     int total_num_scheduled_tokens = 0;       // the sum of scheduled[i].num_new_tokens
-    // (device block, host slot) copies before the forward pass, out then in;
-    // only a policy that swaps (lab/policies.hpp) asks for any.
-    std::vector<std::pair<int32_t, int32_t>> swap_out, swap_in;
+};
+
+// What the scheduler counts where it happens; the engine copies them into
+// its metrics (core/metrics.hpp) once per step. vLLM keeps its
+// SchedulerStats beside its metrics too (vllm/v1/metrics/stats.py).
+struct SchedulerStats {
+    long num_preemptions_total = 0;
+    // In tokens, as vLLM counts them, for admissions that happened (not once
+    // per step spent waiting at the head of the queue).
+    long prefix_cache_queries = 0;  // tokens looked up at admission
+    long prefix_cache_hits = 0;     // tokens served from cache at admission
 };
 
 // ============================================================================
@@ -182,7 +186,7 @@ struct SchedulerPolicy {
     // The victim has left running_, blocks still held: true if the policy
     // takes it over (copies its blocks out, queues it itself); false, and it
     // is recomputed.
-    virtual bool take_victim(Scheduler&, Request&, SchedulerOutput&) { return false; }
+    virtual bool take_victim(Scheduler&, Request&) { return false; }
     // Before admitting anyone (in a step without preemption): bring back the
     // requests it holds; false holds back new admissions this step.
     virtual bool resume(Scheduler&, SchedulerOutput&, int& /*budget*/) { return true; }
@@ -194,7 +198,6 @@ struct SchedulerPolicy {
     virtual bool forget(Request&) { return false; }
     virtual size_t num_held() const { return 0; }  // held requests count as waiting
     virtual std::string check_invariants(const Scheduler&) const { return ""; }  // "" = fine
-    virtual void report(Metrics&) const {}  // its own counters, into the engine's metrics (core/metrics.hpp)
 };
 
 // ============================================================================
@@ -211,7 +214,6 @@ public:
         if (cfg_.max_num_seqs <= 0) throw std::invalid_argument("max_num_seqs must be >= 1");
         if (cfg_.max_num_batched_tokens <= 0) throw std::invalid_argument("max_num_batched_tokens must be >= 1");
         if (cfg_.max_model_len <= 0) throw std::invalid_argument("max_model_len must be >= 1 (the engine derives it)");
-        if (cfg_.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
         if (!policy_) throw std::invalid_argument("SchedulerConfig::policy made no policy");
         const int64_t need = blocks_for_tokens(cfg_.max_model_len, pool_.block_size());
         if (need > pool_.num_blocks())
@@ -435,7 +437,7 @@ private:
         victim->num_preemptions++;
         stats_.num_preemptions_total++;
         out.preempted.push_back(victim);
-        if (policy_->take_victim(*this, *victim, out)) return;  // [seam]
+        if (policy_->take_victim(*this, *victim)) return;  // [seam]
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         waiting_.push_front(victim);

@@ -42,6 +42,27 @@
 
 namespace pkv {
 
+// Where a program runs its model: the reference's two runners (cpu, and the
+// kernel path, emulated or cuda by how the binary was built) and lab's
+// simulated GPU. One enum for every program, so each parses one --device.
+enum class Device { kCpu, kEmulated, kCuda, kSim };
+
+inline const char* to_string(Device d) {
+    switch (d) {
+        case Device::kCpu: return "cpu";
+        case Device::kEmulated: return "emulated";
+        case Device::kCuda: return "cuda";
+        case Device::kSim: return "sim";
+    }
+    return "?";
+}
+// "cpu" | "emulated" | "cuda" | "sim" -> Device; anything else is an invalid_argument.
+inline Device parse_device(const std::string& s) {
+    for (Device d : {Device::kCpu, Device::kEmulated, Device::kCuda, Device::kSim})
+        if (s == to_string(d)) return d;
+    throw std::invalid_argument("--device expects cpu, emulated, cuda or sim, got '" + s + "'");
+}
+
 // What `--device sim` simulates for a model given as weights: the GPU and
 // link presets (lab/cost_model.hpp), and the cost parameters. The simulator never
 // touches the weights; it only needs the model's shape to price each step
@@ -50,6 +71,7 @@ struct SimOptions {
     std::string gpu = "h200";
     std::string pcie;  // "" = the GPU's own link
     CostParams cost;
+    VirtualClock* clock = nullptr;  // the engine's clock, which each step moves on (lab/sim_runner.hpp)
 };
 
 // Which arithmetic a runner is given (the top of this file): the
@@ -92,7 +114,9 @@ inline std::unique_ptr<ModelRunner> make_model_runner(Device device, const Model
         SimConfig s = sim_config(sim.gpu, "builtin", sim.pcie);
         s.model = ModelSpec{"this model", m.cfg, 4, 4, "the model's own f32 checkpoint"};
         s.cost = sim.cost;
-        return std::make_unique<SimRunner>(s);
+        auto r = std::make_unique<SimRunner>(s);
+        r->set_clock(sim.clock);
+        return r;
     }
     // Emulated or CUDA: which one this binary can run was fixed at compile time.
     const std::string built = kDeviceKind;

@@ -83,7 +83,7 @@ int run(int argc, char** argv) {
         throw std::runtime_error("a KV cache of " + std::to_string(num_blocks) + " blocks needs " + pkv::format_bytes(need) +
                                  ", more than this machine's " + pkv::format_bytes(pkv::host_memory_bytes()) + ": lower --num-blocks or --block-size");
     std::unique_ptr<pkv::ModelRunner> runner = pkv::make_model_runner(o.device, mt.model, o.math);
-    runner->init_kv_cache(geo, 0);
+    runner->init_kv_cache(geo);
     pkv::BlockPool pool(num_blocks, block_size, /*enable_prefix_caching=*/false);
     pkv::BlockTable table;
     std::vector<float> logits;

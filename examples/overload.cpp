@@ -169,6 +169,12 @@ double run_steps(pkv::Engine& eng, Streams& streams, LaneChart* chart, const pkv
     return sim_clock ? sim_clock->t : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The swap counters of a lab policy that swaps (lab/swap.hpp); zeros otherwise.
+pkv::SwapStats swap_stats(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats() : pkv::SwapStats{};
+}
+
 // --json: the configuration, every request (prompt, output, how it ended)
 // and the metrics, as one object.
 void print_json(pkv::Engine& eng, const Options& opt, const std::string& model_name, const std::vector<std::vector<int32_t>>& prompts,
@@ -196,11 +202,12 @@ void print_json(pkv::Engine& eng, const Options& opt, const std::string& model_n
         requests.push_back(j.dump());
     }
     const pkv::Metrics& m = eng.metrics();
+    const pkv::SwapStats sw = swap_stats(eng);
     Json mj;
     mj.integer("num_preemptions_total", m.num_preemptions_total).integer("generation_tokens_total", m.generation_tokens_total)
         .integer("prompt_tokens_total", m.prompt_tokens_total).integer("recomputed_tokens_total", m.recomputed_tokens_total)
-        .integer("swap_outs", m.num_swap_outs).integer("swap_ins", m.num_swap_ins).integer("swap_out_bytes", m.swap_out_bytes)
-        .integer("swap_in_bytes", m.swap_in_bytes).integer("swap_fallbacks", m.num_swap_fallbacks)
+        .integer("swap_outs", sw.num_swap_outs).integer("swap_ins", sw.num_swap_ins).integer("swap_out_bytes", sw.bytes_out)
+        .integer("swap_in_bytes", sw.bytes_in).integer("swap_fallbacks", sw.num_swap_fallbacks)
         .integer("computed_tokens_total", m.computed_tokens_total).integer("prefix_cache_queries", m.prefix_cache_queries)
         .integer("prefix_cache_hits", m.prefix_cache_hits).integer("num_requests_finished", m.num_requests_finished)
         .integer("num_requests_rejected", m.num_requests_rejected).integer("num_steps", m.num_steps)
@@ -246,10 +253,11 @@ void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) 
     std::printf("  useful output tokens     %ld\n", m.generation_tokens_total);
     std::printf("  recomputed tokens        %ld  (%.0f%% of the useful output: work done twice)\n", m.recomputed_tokens_total,
                 m.generation_tokens_total ? 100.0 * m.recomputed_tokens_total / m.generation_tokens_total : 0.0);
-    if (opt.policy.preemption == pkv::Preemption::kSwap)
+    if (opt.policy.preemption == pkv::Preemption::kSwap) {
+        const pkv::SwapStats sw = swap_stats(eng);
         std::printf("  swap                     %ld out, %ld in, %.2f MB out + %.2f MB in, %ld fallbacks to recompute (swap space %d blocks)\n",
-                    m.num_swap_outs, m.num_swap_ins, m.swap_out_bytes / 1e6, m.swap_in_bytes / 1e6, m.num_swap_fallbacks,
-                    opt.swap_space_blocks);
+                    sw.num_swap_outs, sw.num_swap_ins, sw.bytes_out / 1e6, sw.bytes_in / 1e6, sw.num_swap_fallbacks, opt.swap_space_blocks);
+    }
     std::printf("  tokens through the model %ld  (prompt %ld + decode + recompute)\n", m.computed_tokens_total, m.prompt_tokens_total);
     std::printf("  kv_cache_usage_perc      peak %.0f%%\n", 100 * m.max_kv_cache_usage_perc);
     if (opt.prefix_caching)
@@ -270,7 +278,8 @@ void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) 
 // and a check: the tokens must be the same (greedy argmax of float32 logits
 // could only differ on a near-tie, which this would report).
 void compare_with_cpu(pkv::Engine& eng, const Options& opt, const pkv::ModelAndTokenizer& mt, double wall) {
-    pkv::Engine cpu(pkv::make_model_runner(pkv::Device::kCpu, mt.model, opt.math), study::engine_config(opt));
+    const std::unique_ptr<pkv::Engine> engine = study::make_engine(opt, pkv::make_model_runner(pkv::Device::kCpu, mt.model, opt.math));
+    pkv::Engine& cpu = *engine;
     study::add_workload(cpu, mt.tok, opt);
     const auto c0 = std::chrono::steady_clock::now();
     cpu.run_until_done();
@@ -292,8 +301,10 @@ int run(int argc, char** argv) {
     pkv::VirtualClock sim_clock;
     pkv::SimOptions sim_opts;
     sim_opts.gpu = opt.gpu;
-    pkv::Engine eng(pkv::make_model_runner(opt.device, mt.model, opt.math, sim_opts), study::engine_config(opt),
-                    sim ? &sim_clock : nullptr);
+    sim_opts.clock = &sim_clock;
+    const std::unique_ptr<pkv::Engine> engine =
+        study::make_engine(opt, pkv::make_model_runner(opt.device, mt.model, opt.math, sim_opts), sim ? &sim_clock : nullptr);
+    pkv::Engine& eng = *engine;
     const bool show = !opt.json;
     if (show) {
         std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,

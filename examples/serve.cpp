@@ -518,6 +518,9 @@ private:
                 return 0;
             case Item::kScrape: {
                 std::string page = eng_.prometheus(labels_) + phases_text();
+                // Swap's own families, when a lab policy swaps (lab/swap.hpp).
+                const pkv::LabPolicy* lab = pkv::lab_policy(eng_.scheduler());
+                if (lab && lab->config().preemption == pkv::Preemption::kSwap) page += pkv::prometheus_swap_text(lab->stats(), labels_);
                 std::ostringstream o;
                 // Read now, unlike a step's snapshot: a freed block shows at once.
                 pkv::prometheus_family(o, "gauge", "kv_cache_free_blocks", "Free KV cache blocks, at scrape time.");
@@ -1560,9 +1563,9 @@ int run(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
 
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer);
-    pkv::EngineConfig ec = study::engine_config(o);
-    ec.keep_latency_samples = false;  // histograms only: flat memory however long we run
-    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model, o.math), ec);
+    opts.keep_latency_samples = false;  // histograms only: flat memory however long we run
+    const std::unique_ptr<pkv::Engine> engine = study::make_engine(o, pkv::make_model_runner(o.device, mt.model, o.math));
+    pkv::Engine& eng = *engine;
     if (o.log_interval > 0) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
     net::io_context io(1);  // one thread runs it: the handlers need no locks among themselves
     Server server(o, eng, mt.tok, io);

@@ -129,11 +129,11 @@ Options parse(int argc, char** argv) {
 
 // A step's batch, as the runner saw it: per sequence row, its new tokens and
 // where its context ends (what SimRunner hands step_cost()), the logits rows,
-// and the preemptions and swaps the scheduler decided. Two runs that agree on
+// and the preemptions the scheduler decided. Two runs that agree on
 // these for every step ran the same schedule.
 struct StepShape {
     std::vector<pkv::StepItem> items;
-    int logits = 0, preempted = 0, swapped_blocks = 0;
+    int logits = 0, preempted = 0;
 
     int tokens() const {
         int n = 0;
@@ -152,16 +152,15 @@ struct StepShape {
         return false;
     }
     bool operator==(const StepShape& o) const {
-        if (items.size() != o.items.size() || logits != o.logits || preempted != o.preempted || swapped_blocks != o.swapped_blocks)
-            return false;
+        if (items.size() != o.items.size() || logits != o.logits || preempted != o.preempted) return false;
         for (size_t i = 0; i < items.size(); ++i)
             if (items[i].new_tokens != o.items[i].new_tokens || items[i].context_end != o.items[i].context_end) return false;
         return true;
     }
     std::string describe() const {
         char b[160];
-        std::snprintf(b, sizeof b, "%d sequences, %d tokens, %d logits, %.0f keys, %d preempted, %d blocks swapped", (int)items.size(),
-                      tokens(), logits, keys(), preempted, swapped_blocks);
+        std::snprintf(b, sizeof b, "%d sequences, %d tokens, %d logits, %.0f keys, %d preempted", (int)items.size(), tokens(), logits,
+                      keys(), preempted);
         return b;
     }
 };
@@ -251,10 +250,10 @@ Run run_engine(std::unique_ptr<Recording> owned, const Options& o, const std::ve
     };
     for (const study::PlannedRequest& r : reqs) eng.add_request(r.prompt, r.params);
     auto* vclock = dynamic_cast<pkv::VirtualClock*>(clock);
+    if constexpr (std::is_base_of_v<pkv::SimRunner, Recording>) rec->set_clock(vclock);  // the simulated GPU moves it on
     while (eng.has_unfinished()) {
         preempted = 0;
         const size_t before = rec->shapes.size();
-        const long swaps_before = eng.metrics().swap_out_bytes + eng.metrics().swap_in_bytes;
         const double v0 = vclock ? vclock->t : 0.0;
         const auto w0 = std::chrono::steady_clock::now();
         const double c0 = pkv::thread_cpu_seconds();
@@ -269,8 +268,6 @@ Run run_engine(std::unique_ptr<Recording> owned, const Options& o, const std::ve
                                    " forward passes, expected one");
         StepShape s = rec->shapes.back();
         s.preempted = preempted;
-        const long swapped = eng.metrics().swap_out_bytes + eng.metrics().swap_in_bytes - swaps_before;
-        s.swapped_blocks = (int)(swapped / (long)std::max<size_t>(1, eng.block_bytes()));
         run.shapes.push_back(s);
     }
     if constexpr (std::is_same_v<Recording, RecordingCpuRunner>) run.forward_cpu_s = rec->forward_cpu_s;

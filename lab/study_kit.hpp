@@ -148,8 +148,8 @@ struct Scenario : EngineKnobs {
 
 // An engine's time: this thread's CPU time in steps on the CPU, modelled time
 // on the sim.
-struct DeviceClock : pkv::Clock {
-    double t = 0;        // device seconds when the current step began (or now, between steps)
+struct DeviceClock : pkv::VirtualClock {
+    // t (VirtualClock's): device seconds when the current step began (or now, between steps)
     bool real = true;    // CPU: add the CPU time a step takes (the sim's clock only advances)
     bool in_step = false;
     double wall0 = 0;
@@ -159,7 +159,6 @@ struct DeviceClock : pkv::Clock {
         return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     }
     double now() override { return real && in_step ? t + (wall() - wall0) : t; }
-    void advance(double seconds) override { t += seconds; }
     void begin_step() {
         in_step = true;
         if (real) wall0 = wall();
@@ -246,6 +245,7 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         s.max_num_batched_tokens = sc.max_num_batched_tokens;
         s.max_num_seqs = sc.max_num_seqs;
         auto sr = std::make_unique<pkv::SimRunner>(s);
+        sr->set_clock(r.clock.get());
         ec = sim_engine_config(sc, *sr);  // lab/sim_engine.hpp: vLLM's pool when num_blocks is 0
         runner = std::move(sr);
         r.clock->real = false;
@@ -253,9 +253,10 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         if (sc.num_blocks == 0) throw std::invalid_argument("a CPU scenario needs num_blocks");
         if (!sc.pcie.empty() || sc.kv_bytes_override || sc.memory_utilization > 0)
             throw std::invalid_argument("PCIe, KV byte and memory-utilization overrides are for the sim");
-        runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model);
+        // Timed: lab's fast CPU path (the same tokens as the reference's).
+        runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model, pkv::MathPath::kFast);
     }
-    r.engine = std::make_unique<pkv::Engine>(std::move(runner), ec, r.clock.get());
+    r.engine = make_engine(ec, policy_of(sc), std::move(runner), r.clock.get());
     return r;
 }
 
@@ -428,11 +429,13 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         out.prompt_tokens += m.prompt_tokens_total;
         out.recomputed_tokens += m.recomputed_tokens_total;
         out.computed_tokens += m.computed_tokens_total;
-        out.swap_outs += m.num_swap_outs;
-        out.swap_ins += m.num_swap_ins;
-        out.swap_fallbacks += m.num_swap_fallbacks;
-        out.swap_out_bytes += m.swap_out_bytes;
-        out.swap_in_bytes += m.swap_in_bytes;
+        const pkv::LabPolicy* lab = pkv::lab_policy(r.engine->scheduler());
+        const pkv::SwapStats sw = lab ? lab->stats() : pkv::SwapStats{};  // lab/swap.hpp
+        out.swap_outs += sw.num_swap_outs;
+        out.swap_ins += sw.num_swap_ins;
+        out.swap_fallbacks += sw.num_swap_fallbacks;
+        out.swap_out_bytes += sw.bytes_out;
+        out.swap_in_bytes += sw.bytes_in;
         out.prefix_cache_hits += m.prefix_cache_hits;
         out.makespan_s = std::max(out.makespan_s, r.clock->t);
         for (int id = 0; id < r.engine->scheduler().num_requests(); ++id) {

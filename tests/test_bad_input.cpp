@@ -322,7 +322,7 @@ std::vector<Row> bad_input_table(TempFiles& tmp) {
         // ---- overload: configurations the engine or the machine refuses ----
         // 32 TiB of swap (blocks of 8 MiB): more than any host has, so the
         // row does not depend on this machine's memory.
-        {O, {"--preemption", "swap", "--swap-space", "4194304", "--block-size", "4096"}, 1, "of host swap space, but this machine has"},
+        {O, {"--preemption", "swap", "--swap-space", "4194304", "--block-size", "4096"}, 1, "a host swap space of 4194304 blocks needs"},
         {O, {"--kv-cache-mb", "1048576"}, 1, "this configuration needs 1.00 TiB of KV cache"},
         {O, {"--num-blocks", "4194304", "--block-size", "4096"}, 1, "this configuration needs 32.00 TiB of KV cache"},
         {O, {"--max-model-len", "100000"}, 1, "is longer than the model's context"},

@@ -34,6 +34,7 @@
 #include "core/block_pool_check.hpp"
 #include "paged_kv.cuh"
 #include "examples/devices.hpp"
+#include "examples/workload.hpp"
 #include "lab/policies.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
@@ -50,6 +51,19 @@ inline int swap_slots_in_use(const pkv::Scheduler& s) {
     return lab ? lab->swap_space().in_use() : 0;
 }
 
+// An engine of `ec` on `runner` with the lab policy `p` (lab/policies.hpp),
+// a swapping one wired to its copier as the programs wire it
+// (examples/workload.hpp's make_engine).
+inline std::unique_ptr<pkv::Engine> engine_with(const pkv::EngineConfig& ec, const pkv::PolicyConfig& p,
+                                                std::unique_ptr<pkv::ModelRunner> runner, pkv::Clock* clock = nullptr) {
+    return study::make_engine(ec, p, std::move(runner), clock);
+}
+// The swap counters of an engine's lab policy; zeros under any other.
+inline pkv::SwapStats swap_stats(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats() : pkv::SwapStats{};
+}
+
 // A model runner for `m` on `device` (the CPU forward by default), with the
 // reference's arithmetic unless `math` asks for lab's (examples/devices.hpp):
 // what an Engine is built on.
@@ -59,10 +73,10 @@ inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device
 }
 // The same, with its KV cache allocated for `geo`, for tests that drive a
 // runner directly.
-inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0,
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo,
                                                 pkv::MathPath math = pkv::MathPath::kReference) {
     auto r = pkv::make_model_runner(device, m, math);
-    r->init_kv_cache(geo, swap_blocks);
+    r->init_kv_cache(geo);
     return r;
 }
 
@@ -84,7 +98,7 @@ inline const std::vector<KernelMath>& kernel_maths() {
 // A kernel runner (this build's kernel device) with `math`, its cache allocated.
 inline std::unique_ptr<pkv::ModelRunner> kernel_runner(const pkv::Model& m, const pkv::KVGeometry& geo, const KernelMath& math) {
     auto r = std::make_unique<pkv::GpuRunner>(m, math.make());
-    r->init_kv_cache(geo, 0);
+    r->init_kv_cache(geo);
     return r;
 }
 

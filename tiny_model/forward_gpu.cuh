@@ -306,13 +306,12 @@ public:
         if (!c.shared_classifier) wcls_.upload(w.wcls);
     }
     const Config& model_config() const override { return model_.cfg; }
-    Device device() const override { return std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated; }
-    bool kv_in_host_memory() const override { return std::string(kDeviceKind) != "cuda"; }
+    std::string device_name() const override { return kDeviceKind; }
     uint64_t memory_for_kv_cache() const override {
         const uint64_t free_bytes = device_memory_free();  // 0 when emulated: device memory is host memory
         return free_bytes ? free_bytes : host_memory_bytes();
     }
-    void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
+    void init_kv_cache(const KVGeometry& geo) override {
         geo_ = geo;
         const size_t cache_bytes = (size_t)geo.num_layers * KVCache::layer_bytes(geo);
         k_cache_ = DeviceBuffer<std::byte>(cache_bytes);  // [num_layers, layer_bytes]: KVCache's layout, in device memory
@@ -322,8 +321,9 @@ public:
         const size_t scales = (size_t)geo.num_layers * geo.num_blocks * geo.scales_per_block();
         k_scale_ = DeviceBuffer<float>(scales);  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
         v_scale_ = DeviceBuffer<float>(scales);
-        swap_ = std::make_unique<PinnedHostBuffer>((size_t)swap_blocks * geo.bytes_per_block());
     }
+    // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
+    KVView kv_view(int layer, int kv) override { return view(layer, kv); }
 
     void forward(const ForwardBatch& b, std::vector<float>& logits) override {
         run(b);
@@ -340,23 +340,7 @@ public:
         argmax_.download(tokens.data(), rows);
     }
 
-    // One cudaMemcpyAsync per (block, layer, K or V) to or from pinned host
-    // memory, all queued on the default stream, then one wait: the copies
-    // stream back to back on the copy engine, and the forward pass that
-    // follows cannot start before they are done. (Overlapping the copies with
-    // compute would need a second stream and an event.)
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, true); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, false); }
-
 private:
-    void swap(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < geo_.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(geo_, view(l, kv), block, swap_->data() + swap_slot_offset(geo_, slot, l, kv), out, copy_async);
-        device_synchronize();
-    }
-    // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
     KVView view(int layer, int kv) const {
         std::byte* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_bytes(geo_);
         float* sc = geo_.scales_per_block() ? (kv ? v_scale_.data() : k_scale_.data()) + (size_t)layer * geo_.num_blocks * geo_.scales_per_block()
@@ -438,7 +422,6 @@ private:
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
-    std::unique_ptr<PinnedHostBuffer> swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
 };
 
 }  // namespace pkv

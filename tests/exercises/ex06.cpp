@@ -23,7 +23,8 @@
 //     come back first, recomputing prompt and output (3 tokens each).
 //   - "swap keeps computed tokens and records the copies": a swap victim
 //     keeps num_computed_tokens, holds one host slot per block of computed
-//     tokens, reports (device block, slot) pairs in out.swap_out, frees its
+//     tokens, copies them out (the (device block, slot) pairs its copier
+//     received, before the blocks were freed), frees its
 //     blocks and stands at the front of the swapped queue (C before D); E's
 //     place in the waiting queue is unchanged.
 //   - "a swapped victim comes back with its computed tokens": after A and B
@@ -63,11 +64,31 @@ namespace {
 
 using Pairs = std::vector<std::pair<int32_t, int32_t>>;
 
-SchedulerConfig config(Preemption mode, int swap_blocks, Victim victim = Victim::kNewest) {
+// The copies a swapping policy asked for (lab/swap.hpp's BlockCopier), in
+// order; it moves no bytes (there are none: no model runs here). `freed`
+// records, at each copy_out, whether any of its blocks was already free: a
+// copy must happen before the blocks go back to the pool.
+struct Copies : BlockCopier {
+    const BlockPool* pool = nullptr;
+    Pairs out, in;
+    bool freed = false;
+    void copy_out(const BlockSlotPairs& p) override {
+        for (const auto& [block, slot] : p) freed = freed || pool->block(block).ref_cnt == 0;
+        out.insert(out.end(), p.begin(), p.end());
+    }
+    void copy_in(const BlockSlotPairs& p) override { in.insert(in.end(), p.begin(), p.end()); }
+    uint64_t bytes_per_block() const override { return 1; }
+};
+Copies copies;  // the current check's (each check runs in a process of its own)
+
+SchedulerConfig config(const BlockPool& pool, Preemption mode, int swap_blocks, Victim victim = Victim::kNewest) {
     SchedulerConfig c;
     c.max_model_len = 8;
-    use_policy(c, {.victim = victim, .preemption = mode});
-    c.swap_space_blocks = swap_blocks;
+    copies = Copies{};
+    copies.pool = &pool;
+    auto target = std::make_shared<SwapTarget>();
+    target->copier = &copies;
+    c.policy = make_policy({.victim = victim, .preemption = mode, .swap_space_blocks = swap_blocks}, target);
     return c;
 }
 
@@ -98,7 +119,7 @@ SchedulerOutput two_victims(Scheduler& s, BlockPool& pool, int32_t& c_block, int
 
 TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    Scheduler s(config(pool, Preemption::kRecompute, 0), pool);
     int32_t cb = -1, db = -1;
     const SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(names(s.running()) == "AB");
@@ -116,7 +137,7 @@ TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
     }
     CHECK(s.stats().num_preemptions_total == 2);
     CHECK(lab(s).stats().num_swap_outs == 0);
-    CHECK(out.swap_out.empty());
+    CHECK(copies.out.empty());
     CHECK(out.total_num_scheduled_tokens == 2);
     // D's and C's blocks went to A and B.
     CHECK(s.request(0)->block_table.blocks == std::vector<int32_t>{0, db});
@@ -127,7 +148,7 @@ TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
 
 TEST_CASE("recompute victims wait at the front of the queue") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    Scheduler s(config(pool, Preemption::kRecompute, 0), pool);
     int32_t cb = -1, db = -1;
     SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(names(s.waiting()) == "CDE");
@@ -146,11 +167,13 @@ TEST_CASE("recompute victims wait at the front of the queue") {
 
 TEST_CASE("swap keeps computed tokens and records the copies") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 8), pool);
+    Scheduler s(config(pool, Preemption::kSwap, 8), pool);
     int32_t cb = -1, db = -1;
-    const SchedulerOutput out = two_victims(s, pool, cb, db);
-    // D went first and got host slot 0, then C got slot 1.
-    CHECK(out.swap_out == Pairs{{db, 0}, {cb, 1}});
+    two_victims(s, pool, cb, db);
+    // D went first and got host slot 0, then C got slot 1, each copied
+    // before its block went back to the pool.
+    CHECK(copies.out == Pairs{{db, 0}, {cb, 1}});
+    CHECK_FALSE(copies.freed);
     CHECK(names_swapped(s) == "CD");
     CHECK(names(s.waiting()) == "E");
     CHECK(names(s.running()) == "AB");
@@ -177,7 +200,7 @@ TEST_CASE("swap keeps computed tokens and records the copies") {
 
 TEST_CASE("a swapped victim comes back with its computed tokens") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 8), pool);
+    Scheduler s(config(pool, Preemption::kSwap, 8), pool);
     int32_t cb = -1, db = -1;
     SchedulerOutput out = two_victims(s, pool, cb, db);
     complete(s, out);  // A and B finish
@@ -189,7 +212,7 @@ TEST_CASE("a swapped victim comes back with its computed tokens") {
     const Request* d = s.request(3);
     REQUIRE(c->block_table.blocks.size() == 2u);
     REQUIRE(d->block_table.blocks.size() == 2u);
-    CHECK(out.swap_in == Pairs{{c->block_table.blocks[0], 1}, {d->block_table.blocks[0], 0}});
+    CHECK(copies.in == Pairs{{c->block_table.blocks[0], 1}, {d->block_table.blocks[0], 0}});
     CHECK(lab(s).swapped().empty());
     CHECK(lab(s).swap_space().num_free() == 8);
     CHECK(s.policy().check_invariants(s) == "");
@@ -198,10 +221,10 @@ TEST_CASE("a swapped victim comes back with its computed tokens") {
 
 TEST_CASE("a victim that does not fit the swap space is recomputed") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 1), pool);
+    Scheduler s(config(pool, Preemption::kSwap, 1), pool);
     int32_t cb = -1, db = -1;
-    const SchedulerOutput out = two_victims(s, pool, cb, db);
-    CHECK(out.swap_out == Pairs{{db, 0}});
+    two_victims(s, pool, cb, db);
+    CHECK(copies.out == Pairs{{db, 0}});
     CHECK(names_swapped(s) == "D");
     CHECK(names(s.waiting()) == "CE");
     const Request* c = s.request(2);
@@ -226,7 +249,7 @@ TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
     // one too, and with kOldest its victim is A. A holds 3 blocks, but only
     // the first two have K/V in them: those two are copied, in logical order.
     BlockPool pool(5, 2, false);
-    SchedulerConfig cfg = config(Preemption::kSwap, 8, Victim::kOldest);
+    SchedulerConfig cfg = config(pool, Preemption::kSwap, 8, Victim::kOldest);
     Scheduler s(cfg, pool);
     Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
     s.add_request({5}, tokens(3), 0);
@@ -241,7 +264,8 @@ TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
     out = s.schedule();
     CHECK(names(out.preempted) == "A");
     CHECK(names(out.scheduled) == "BC");
-    CHECK(out.swap_out == Pairs{{a_blocks[0], 0}, {a_blocks[1], 1}});
+    CHECK(copies.out == Pairs{{a_blocks[0], 0}, {a_blocks[1], 1}});
+    CHECK_FALSE(copies.freed);
     CHECK(lab(s).swap_slots(*a) == std::vector<int32_t>{0, 1});
     CHECK(a->num_computed_tokens == 4);
     CHECK(a->block_table.blocks.empty());
@@ -257,7 +281,7 @@ TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
 TEST_CASE("a victim scheduled earlier in the step gives its tokens back") {
     // Block size 2, 3 blocks, budget 4 tokens a step, chunked prefill.
     BlockPool pool(3, 2, false);
-    SchedulerConfig cfg = config(Preemption::kRecompute, 0, Victim::kOldest);
+    SchedulerConfig cfg = config(pool, Preemption::kRecompute, 0, Victim::kOldest);
     cfg.max_model_len = 6;
     cfg.max_num_batched_tokens = 4;
     cfg.full_sequence_must_fit = false;
@@ -300,7 +324,7 @@ TEST_CASE("a swap victim with nothing computed is recomputed") {
     // a plain recompute victim, with no slot taken and no swap-out or
     // fallback counted.
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 4), pool);
+    Scheduler s(config(pool, Preemption::kSwap, 4), pool);
     Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
     Request* b = s.add_request({5, 6, 7, 8}, tokens(3), 0);
     SchedulerOutput out = s.schedule();
@@ -314,7 +338,7 @@ TEST_CASE("a swap victim with nothing computed is recomputed") {
     out = s.schedule();
     CHECK(names(out.preempted) == "B");
     CHECK(names(out.scheduled) == "A");
-    CHECK(out.swap_out.empty());
+    CHECK(copies.out.empty());
     CHECK(names_swapped(s) == "");
     CHECK(names(s.waiting()) == "B");
     CHECK(b->state == RequestState::kPreempted);

@@ -242,6 +242,10 @@ inline int compare(double a, double b) {
     const double d = pct_change(b, a);
     return d > kDrawBand ? 1 : d < -kDrawBand ? -1 : 0;
 }
+// `x` is below `base` by more than the band, measured against `base` -- what
+// "fewer" means for a count that a fix may bring to zero (compare() measures
+// against its second argument, which must not be 0).
+inline bool below_band(double base, double x) { return x < base * (1.0 - kDrawBand / 100.0); }
 
 // ============================================================================
 // 2. thrash: the concurrency sweep (C11, C13)
@@ -680,7 +684,7 @@ inline long lstar_for(const Env& env, const std::string& link, int block_size) {
 }
 
 // Part one, at the workload's own lengths (C5, C6a, C8): 4 x fit requests
-// at once (a map cell: 2 x fit), max_num_seqs 2 x fit. All at once because
+// at once, max_num_seqs 2 x fit. All at once because
 // these claims count the work a preemption costs, and a burst is what makes
 // preemptions at these lengths; the arrivals are not what they are about.
 // Recompute, recompute with prefix caching, swap with ample space on each
@@ -740,7 +744,7 @@ inline StudyResult preemption_study(const Env& env) {
     const bool gpu = env.sim() && !env.measured;
     const bool both_links = gpu && env.pcie.empty() && env.pcie_bw_override == 0;
     const std::vector<std::string> links = both_links ? std::vector<std::string>{"gen4", "gen5"} : std::vector<std::string>{""};
-    Scenario s0 = all_at_once(env, b, (env.map_cell ? 2 : 4) * b.fit);
+    Scenario s0 = all_at_once(env, b, 4 * b.fit);
     s0.max_num_seqs = 2 * b.fit;
     r.notes.push_back("part one: " + describe(env, s0));
     r.notes.push_back("modes: recompute; recompute + prefix caching; swap with ample swap space (each link); swap with a small one "
@@ -854,7 +858,7 @@ inline StudyResult preemption_study(const Env& env) {
 // and the clients' ITL p99 is lower, each by more than the draw band: the
 // claim calls them fixes, not cures, so any relief beyond the band counts.
 inline bool relieves(long base_preemptions, double base_itl_p99, long preemptions, double itl_p99) {
-    return compare((double)base_preemptions, (double)preemptions) > 0 && compare(base_itl_p99, itl_p99) > 0;
+    return below_band((double)base_preemptions, (double)preemptions) && below_band(base_itl_p99, itl_p99);
 }
 
 // One fix of the fixes study: what it relieves and what it costs the clients.
@@ -1050,7 +1054,7 @@ inline ClaimVerdict decide_c9(int limit, int peak_waiting_unbounded, int rejecte
                       {{"peak_waiting_unbounded", (double)peak_waiting_unbounded}, {"limit", (double)limit}, {"rejected", (double)rejected}},
                       verdict("C9",
                               rejected > 0 && reject_p99_s * 10 <= unbounded_ttft_p99_s &&
-                                  compare(unbounded_ttft_p99_s, accepted_ttft_p99_s) > 0,
+                                  below_band(unbounded_ttft_p99_s, accepted_ttft_p99_s),
                               rejected == 0 || reject_p99_s >= unbounded_ttft_p99_s,
                               fmt("with max_waiting %d, %d requests are rejected within %.1f ms (p99, retryable); unbounded, the queue reaches "
                                   "%d and TTFT p99 is %.1f ms; accepted requests' TTFT p99 falls to %.1f ms",
@@ -1314,7 +1318,7 @@ inline void decode_with(const pkv::Model& m, pkv::KVDtype dtype, const std::vect
 // Mixed: one of the two.
 inline ClaimVerdict decide_c12_quantize(const std::string& small_name, long small_slots, long big_slots, long small_preemptions,
                                         long big_preemptions, double small_itl_p99, double big_itl_p99, const std::string& cost) {
-    const bool fewer = compare((double)big_preemptions, (double)small_preemptions) > 0, lower = compare(big_itl_p99, small_itl_p99) > 0;
+    const bool fewer = below_band((double)big_preemptions, (double)small_preemptions), lower = below_band(big_itl_p99, small_itl_p99);
     return verdict_if(big_preemptions > 0, "nothing to relieve: no preemption at the larger element",
                       {{"preemptions_big", (double)big_preemptions}},
                       verdict("C12", fewer && lower, !fewer && !lower,

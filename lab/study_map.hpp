@@ -319,7 +319,7 @@ inline bool threshold_shape(const MapResult& m, size_t axis, const std::string& 
         key.erase(key.begin() + (ptrdiff_t)axis);
         slices[key].push_back({axis_number(c.params[axis]), cell_verdict(c, claim) == Verdict::kSupported});
     }
-    bool any_holds = false, any_fails = false;
+    bool any_holds = false, any_fails = false, interior = false;
     for (auto& [key, pts] : slices) {
         std::sort(pts.begin(), pts.end());
         if (dir < 0) std::reverse(pts.begin(), pts.end());
@@ -330,9 +330,10 @@ inline bool threshold_shape(const MapResult& m, size_t axis, const std::string& 
             if (pts[i].second) return false;
         any_holds = any_holds || first < pts.size();
         any_fails = any_fails || first > 0;
+        interior = interior || (first > 0 && first < pts.size());  // a slice that changes along the axis
         thresholds.push_back(first < pts.size() ? pts[first].first : std::nan(""));
     }
-    return any_holds && any_fails;
+    return any_holds && any_fails && interior;
 }
 
 inline std::string join(const std::vector<std::string>& v, const char* sep = ", ") {

@@ -176,10 +176,12 @@ TEST_CASE("deciders: C12 tests relief and the order of bluntness") {
     CHECK(study::relieves(100, 1.0, 90, 0.9));
     CHECK_FALSE(study::relieves(100, 1.0, 97, 0.9));
     CHECK_FALSE(study::relieves(100, 1.0, 90, 0.98));
+    CHECK(study::relieves(100, 1.0, 0, 0.5));  // down to zero preemptions: relief, not a division by zero
     CHECK(study::decide_c12_quantize("fp8", 2000, 1000, 10, 40, 0.1, 0.5, "").verdict == Verdict::kSupported);
     CHECK(study::decide_c12_quantize("fp8", 2000, 1000, 40, 40, 0.5, 0.5, "").verdict == Verdict::kContradicted);
     CHECK(study::decide_c12_quantize("fp8", 2000, 1000, 10, 40, 0.5, 0.5, "").verdict == Verdict::kMixed);
     CHECK(study::decide_c12_quantize("fp8", 2000, 1000, 0, 0, 0.1, 0.1, "").verdict == Verdict::kNotShown);
+    CHECK(study::decide_c12_quantize("fp8", 2000, 1000, 0, 40, 0.1, 0.5, "").verdict == Verdict::kSupported);  // none left
 }
 
 // Proves C9 follows the shedding numbers and needs a queue at the door: fast rejections and a lower accepted TTFT support it; nothing rejected although the queue formed, or rejections as slow as the stall, contradict it; a TTFT gain inside the band is mixed; a queue that never passed the limit is not shown.

@@ -242,6 +242,30 @@ TEST_CASE("deciders: C2 and C4 flip with the counts") {
 
 // ---- real runs ---------------------------------------------------------------
 
+// Proves the thrash study's C13 verdict follows its numbers: on an A100-40GB at twice its capacity (a map cell's run), serving Llama-3-8B (GQA) useful throughput falls beyond the draw band at the top of the sweep while preemptions climb (supported), while serving Llama-2-7B (MHA, 4x the KV bytes per token) it stays within the band of the best (contradicted) -- the same code, another preset, the other verdict.
+TEST_CASE("the thrash study's C13 verdict flips with the model preset") {
+    study::Env gqa, mha;
+    gqa.device = mha.device = pkv::Device::kSim;
+    gqa.gpu = mha.gpu = "a100-40g";
+    gqa.model = "llama-3-8b";
+    mha.model = "llama-2-7b";
+    for (study::Env* e : {&gqa, &mha}) {
+        e->map_cell = true;
+        e->drains = study::kMapDrains;
+        e->load = 2;
+    }
+    const study::StudyResult a = study::thrash_study(gqa), b = study::thrash_study(mha);
+    const study::ClaimVerdict& va = find_verdict(a, "C13");
+    const study::ClaimVerdict& vb = find_verdict(b, "C13");
+    INFO("llama-3-8b: " << va.because);
+    INFO("llama-2-7b: " << vb.because);
+    CHECK(va.verdict == Verdict::kSupported);
+    CHECK(vb.verdict == Verdict::kContradicted);
+    // The verdict text quotes the table: the top row's preemptions appear in it.
+    REQUIRE(!a.table.rows.empty());
+    CHECK(va.because.find(a.table.rows.back()[1] + " preemptions") != std::string::npos);
+}
+
 // Proves C6b's verdict is computed from the victim round trips: on an H200 with Llama-3.1-8B (whose context reaches twice the crossover length L*) swap loses at L*/4 and wins at 2 L* (supported); on an A100-40GB, whose FLOPs put L* at 0, swap wins from the shortest length (contradicted); with Llama-3-8B, whose 8192-token context ends before L*, it is not shown.
 TEST_CASE("the preemption study's C6b verdict flips with the GPU, and needs the context to reach L*") {
     study::Env h200, a100, short_ctx;

@@ -807,8 +807,10 @@ int run(int argc, char** argv) {
     t.headers = {"row", "set", "workload", "metric", "published", "predicted", "ratio", "preemptions (published)"};
     for (size_t i = 0; i < rows.size(); ++i) {
         const Anchor& a = rows[i];
-        const std::string wl = study::fmt("%d x %s%d/%d%s", a.requests, a.lognormal ? "mean " : a.prompt_hi ? "~" : "", a.prompt_hi ? (a.prompt + a.prompt_hi) / 2 : a.prompt,
-                                          a.output_hi ? (a.output + a.output_hi) / 2 : a.output,
+        // Lengths: fixed, "mean" (lognormal) or a range (uniform; no "~", which the docs checker reads as a timing).
+        const std::string lin = a.prompt_hi ? study::fmt("%d-%d", a.prompt, a.prompt_hi) : std::to_string(a.prompt);
+        const std::string lout = a.output_hi ? study::fmt("%d-%d", a.output, a.output_hi) : std::to_string(a.output);
+        const std::string wl = study::fmt("%d x %s%s/%s%s", a.requests, a.lognormal ? "mean " : "", lin.c_str(), lout.c_str(),
                                           a.rate > 0 ? study::fmt(" @%g/s", a.rate).c_str() : study::fmt(" c%d", std::min(a.max_num_seqs, a.requests)).c_str());
         t.rows.push_back({a.id, a.set, wl, metric_name(a.metric), study::fmt("%.6g", a.published),
                           out[i].error.empty() ? study::fmt("%.6g", out[i].predicted) : "error",

@@ -633,7 +633,11 @@ inline double host_seconds(const HostProfile& h, int num_seqs, double gpu_s) {
 //              a cost that grows as L.
 // So below some length recompute is cheaper and above it swap is: L*. It
 // depends on the GPU (FLOPs), the model (FLOPs and KV bytes per token), the
-// link and the block size (copies per token). The claim that swap "wins
+// link and the block size (copies per token). It is a marginal cost in a
+// busy batch: a short recompute in a step that is memory-bound anyway (a
+// small batch) costs even less than its FLOPs, so near L* and below it the
+// engine's own runs, not this formula, decide (the preemption study runs
+// them). The claim that swap "wins
 // only for very long sequences" is a claim about L*; the preemption study
 // prints it and tests lengths on both sides of it.
 inline double recompute_seconds(const ModelSpec& m, const Hardware& hw, const CostParams& p, double L) {

@@ -635,8 +635,9 @@ TEST_CASE("the anchor rows' presets") {
 TEST_CASE("build/sim_anchors --json: rows, sources, fit and holdout") {
     const std::string exe = pkv_test::need_program("sim_anchors");
     if (exe.empty()) return;
-    const auto [out, status] = pkv_test::run_command(pkv_test::shell_quote(exe) + " --json 2>&1");
-    REQUIRE(status == 0);
+    const auto result = pkv_test::run_command(pkv_test::shell_quote(exe) + " --json 2>&1");
+    REQUIRE(result.second == 0);
+    const std::string& out = result.first;  // (a lambda may not capture a structured binding in clang 14)
     auto count = [&](const std::string& needle) {
         size_t n = 0;
         for (size_t at = out.find(needle); at != std::string::npos; at = out.find(needle, at + 1)) ++n;

@@ -399,13 +399,20 @@ int pool_blocks(const Anchor& a) {
     return (int)std::max(0.0, a.kv_fraction * k.kv_budget_bytes / k.block_bytes);
 }
 
-Outcome run_anchor(const Anchor& a, const pkv::HostProfile& host) {
+// The env and scenario that run a row: its GPU and model, the engine's
+// host profile, its pool, limits, scheduler and traffic.
+struct RowSetup {
     study::Env env;
+    study::Scenario sc;
+};
+RowSetup setup(const Anchor& a, const pkv::HostProfile& host) {
+    RowSetup r;
+    study::Env& env = r.env;
     env.device = pkv::Device::kSim;
     env.gpu = a.gpu;
     env.model = a.model;
     env.host = host;
-    study::Scenario sc;
+    study::Scenario& sc = r.sc;
     sc.block_size = a.block_size;
     sc.num_blocks = pool_blocks(a);
     sc.max_num_seqs = a.max_num_seqs;
@@ -431,6 +438,13 @@ Outcome run_anchor(const Anchor& a, const pkv::HostProfile& host) {
         sc.traffic.output = study::LengthDist::fixed(a.output);
     }
     if (a.rate > 0) sc.traffic.arrivals = study::Arrivals{study::Arrivals::Kind::kPoisson, a.rate, 1};
+    return r;
+}
+
+Outcome run_anchor(const Anchor& a, const pkv::HostProfile& host) {
+    const RowSetup rs = setup(a, host);
+    const study::Env& env = rs.env;
+    const study::Scenario& sc = rs.sc;
     // Per request: when its first and its last token came (single replica:
     // the engine's request id is the traffic's index).
     std::vector<double> first((size_t)a.requests, -1), last((size_t)a.requests, -1);
@@ -592,24 +606,8 @@ struct Run {
     long preemptions = 0;
 };
 Run run_config(const Anchor& a) {
-    study::Env env;
-    env.device = pkv::Device::kSim;
-    env.gpu = a.gpu;
-    env.model = a.model;
-    env.host = host_of(a);
-    study::Scenario sc;
-    sc.block_size = a.block_size;
-    sc.num_blocks = pool_blocks(a);
-    sc.max_num_seqs = a.max_num_seqs;
-    sc.max_num_batched_tokens = a.max_num_batched_tokens;
-    sc.max_model_len = a.max_model_len;
-    sc.memory_utilization = a.kv == KvRule::kVllm ? a.kv_fraction : 1.0;
-    sc.policy.admission = a.admission;
-    sc.policy.watermark = a.watermark;
-    sc.traffic.requests = a.requests;
-    sc.traffic.prompt = a.prompt_hi ? study::LengthDist::uniform(a.prompt, a.prompt_hi) : study::LengthDist::fixed(a.prompt);
-    sc.traffic.output = a.output_hi ? study::LengthDist::uniform(a.output, a.output_hi) : study::LengthDist::fixed(a.output);
-    const study::Measurement m = study::measure(env, sc);
+    const RowSetup rs = setup(a, host_of(a));
+    const study::Measurement m = study::measure(rs.env, rs.sc);
     return {m.itl.percentile(99), m.useful_tok_per_s(), m.processed_tok_per_s(), m.busy_fraction(), m.preemptions};
 }
 

@@ -107,6 +107,17 @@ inline const std::vector<GpuSpec>& gpu_presets() {
         // matches a device name's first word finds "a100" there first.)
         {"a100-40g", mib(40960), 1.555e12, 312e12, 0, "gen4",
          "NVIDIA A100 datasheet (40GB SXM): 40 GB HBM2 (reports 40960 MiB), 1,555 GB/s, 312 TFLOPS dense BF16"},
+        // One Blackwell GPU of a GB200 NVL72 (the GB200 variant of B200, at
+        // 1,200 W): 8 TB/s HBM3e, 2,500 TFLOPS dense BF16 and 5,000 dense FP8
+        // (the "Matrix" column of NVIDIA's Blackwell figures as tabulated at
+        // glennklockwood.com/garden/processors/B200); 192 GB, as
+        // TensorRT-LLM's performance overview names it ("GB200 192GB (GB200
+        // NVL72)"). What the device reports in MiB we have not seen, so the
+        // capacity is 192e9 bytes; the one anchor row on it (vLLM pull
+        // request #44594) fixes its KV pool at 16 GiB, so the capacity does
+        // not enter it. Its host link is NVLink-C2C to the Grace CPU.
+        {"gb200", 192e9, 8e12, 2500e12, 5000e12, "c2c",
+         "NVIDIA GB200 (B200 in GB200 NVL72): 192 GB HBM3e, 8 TB/s, 2500 TFLOPS dense BF16, 5000 dense FP8; NVLink-C2C to Grace"},
     };
     return v;
 }
@@ -134,6 +145,10 @@ inline const std::vector<PcieSpec>& pcie_presets() {
     static const std::vector<PcieSpec> v = {
         {"gen4", 25e9, 5e-6, "PCIe 4.0 x16: 31.5 GB/s raw per direction; ~25 GB/s for pinned copies; 5 us per copy call"},
         {"gen5", 50e9, 5e-6, "PCIe 5.0 x16: 63 GB/s raw per direction; ~50 GB/s for pinned copies (assumed 80%, as Gen4); 5 us per copy call"},
+        // GB200's GPU reaches its Grace CPU's memory over NVLink-C2C, 900
+        // GB/s in both directions together (NVIDIA's Grace Blackwell
+        // material): 450 GB/s each way, of which we take the same 80%.
+        {"c2c", 360e9, 5e-6, "NVLink-C2C: 900 GB/s both ways (450 each way); ~360 GB/s for copies (assumed 80%); 5 us per copy call"},
     };
     return v;
 }
@@ -177,6 +192,34 @@ inline const std::vector<ModelSpec>& model_presets() {
         // 1 GB more, 6% of the weight bytes.)
         {"llama-3.1-8b-fp8", shape_of(4096, 14336, 32, 32, 8, 128256, 131072, false), 1, 1,
          "nvidia/Llama-3.1-8B-Instruct-FP8 (Llama-3.1-8B config.json shape), FP8 weights, FP8 KV (assumed)"},
+        // The same Llama-3.1-8B shape in BF16 with its full 131072-token
+        // context (its config.json: max_position_embeddings 131072): the
+        // long-context preset, for sequences long enough to reach swap's
+        // crossover length (section 4d), which Llama-3-8B's 8192 do not.
+        {"llama-3.1-8b", shape_of(4096, 14336, 32, 32, 8, 128256, 131072, false), 2, 2,
+         "meta-llama/Llama-3.1-8B config.json (GQA 32q/8kv, 131072 positions), BF16"},
+        // Qwen/Qwen2.5-7B-Instruct config.json: hidden 3584, intermediate
+        // 18944, 28 layers, 28 heads, 4 key/value heads (head_dim 128), vocab
+        // 152064, 32768 positions, untied; BF16. Its KV is 57,344 bytes per
+        // token: vLLM pull request #44594's "16 GiB -> 299,584 tokens".
+        {"qwen2.5-7b", shape_of(3584, 18944, 28, 28, 4, 152064, 32768, false), 2, 2,
+         "Qwen/Qwen2.5-7B-Instruct config.json (GQA 28q/4kv, 7.6B parameters), BF16"},
+        // nvidia/Llama-3.3-70B-Instruct-FP8: Llama-3.3-70B's shape (hidden
+        // 8192, intermediate 28672, 80 layers, 64 heads, 8 key/value heads,
+        // vocab 128256, 131072 positions, untied) with ModelOpt FP8 weights;
+        // FP8 KV assumed, as for the 8B FP8 preset (the checkpoint's
+        // embeddings and lm_head stay BF16: 2 GB more than we count).
+        {"llama-3.3-70b-fp8", shape_of(8192, 28672, 80, 64, 8, 128256, 131072, false), 1, 1,
+         "nvidia/Llama-3.3-70B-Instruct-FP8 (Llama-3.3-70B config.json shape, 70.6B parameters), FP8 weights, FP8 KV (assumed)"},
+        // facebook/opt-13b, the vLLM paper's model for its swap/recompute
+        // comparison (section 7.3): hidden 5120, 40 layers, 40 heads (MHA),
+        // a ReLU MLP of two 5120 x 20480 matrices, vocab 50272, 2048
+        // positions, tied embeddings; FP16. Our shape has three MLP matrices
+        // (SwiGLU), so `hidden` is 20480 x 2 / 3 = 13653: the same MLP
+        // parameters (2 x 5120 x 20480), the same FLOPs and bytes. Its KV is
+        // 800 KB per token, the paper's figure.
+        {"opt-13b", shape_of(5120, 13653, 40, 40, 40, 50272, 2048, true), 2, 2,
+         "facebook/opt-13b config.json (MHA 40 heads, 12.9B parameters; MLP as 3 x 13653 = 2 x 20480), FP16"},
         // llama2.c's stories15M.bin header: dim 288, hidden 768, 6 layers, 6
         // heads, 6 kv heads, vocab 32000, seq_len 256, shared classifier; f32.
         {"stories15M", shape_of(288, 768, 6, 6, 6, 32000, 256, true), 4, 4, "llama2.c stories15M.bin header, f32 as llama2.c serves it"},
@@ -290,6 +333,7 @@ struct StepItem {
 // a test can say which phase dominates.
 struct StepCost {
     double linear_s = 0, attention_s = 0, swap_s = 0, overhead_s = 0, total_s = 0;
+    double host_s = 0;  // the engine's host work the GPU waits for (section 4c; SimRunner adds it)
     double linear_bytes = 0, linear_flops = 0, attention_bytes = 0, attention_flops = 0;
     bool linear_memory_bound = true, attention_memory_bound = true;
 };
@@ -482,6 +526,145 @@ inline double swap_stall_seconds(const Hardware& hw, const CostParams& p, const 
     const double out = swap_seconds(hw, t.out_copies, t.out_bytes), in = swap_seconds(hw, t.in_copies, t.in_bytes);
     if (p.swap_stalls) return out + in;
     return in + std::max(0.0, out - compute_s);
+}
+
+// ============================================================================
+// 4c. The host's share of a step: an engine's CPU work
+// ============================================================================
+//
+// A GPU step is not all a serving engine does. Between steps its host code
+// gathers the last step's tokens, detokenizes and streams them, checks
+// stop conditions, schedules the next batch and prepares its inputs -- much
+// of it per running sequence. vLLM's v0.6.0 performance post
+// (blog.vllm.ai/2024/09/05/perf-update.html, "Performance Diagnosis")
+// measured it for Llama 3 8B on one H100 under light load: the HTTP API
+// server took 33% of the time, scheduling and input preparation 29%, and
+// only 38% went to GPU execution, at about 13 ms per token; vLLM's
+// multi-step scheduling RFC (github.com/vllm-project/vllm issue #6854)
+// saw "about 4ms of GPU bubble" per decode step from it. Engines fight it
+// in three ways, and a profile (HostProfile) says which an engine uses:
+//   overlap     run host work while the GPU computes: TensorRT-LLM's overlap
+//               scheduler (on by default in its PyTorch backend) does so for
+//               all of it, the next step's scheduling included; vLLM V1 moves
+//               the per-request work -- detokenizing, streaming -- out of its
+//               engine loop into other processes ("greater overlap of
+//               CPU-intensive tasks -- such as tokenization, ...,
+//               de-tokenization, and request streaming -- with the core
+//               execution loop", the V1 announcement,
+//               blog.vllm.ai/2025/01/27/v1-alpha-release.html), while its
+//               scheduler and input preparation still run between steps;
+//               vLLM 0.6 had moved the API server out and made output
+//               processing asynchronous already (the v0.6.0 post);
+//   multi-step  schedule once for several decode steps (vLLM 0.6's
+//               --num-scheduler-steps): the per-step work is divided by
+//               their number.
+// What is not overlapped adds to the step; what is overlapped shows only
+// where it outlasts the step. What the host work costs is two numbers,
+// `per_step` and `per_seq` (each scheduled sequence of a step), and those
+// we could not read off any source for each engine: lab/sim_anchors.cpp
+// chooses them on its `fit` rows (--fit shows the search), and its
+// `holdout` rows, never used to choose anything, say how well they carry.
+struct HostProfile {
+    std::string name;
+    double per_step_s = 0;   // host seconds per engine step
+    double per_seq_s = 0;    // host seconds per scheduled sequence per step
+    bool step_overlaps = false;  // the per-step work hides behind the GPU's step
+    bool seq_overlaps = false;   // the per-sequence work does
+    int steps_per_schedule = 1;  // > 1: the per-step work is paid once per this many steps (multi-step)
+    std::string source;
+};
+
+// The two host costs, one pair for every engine (a pair per engine would
+// have more numbers to choose than the fit rows could pin down): chosen on
+// lab/sim_anchors.cpp's fit rows, by `build/sim_anchors --fit`, a grid
+// search printed in full. What the sources above measured, for scale: ~4 ms
+// per decode step in vLLM 0.5 (issue #6854), 29% of ~13 ms per token for
+// vLLM's scheduling in the same era (the v0.6.0 post).
+// The search was run twice, on the fit rows both times. First with every
+// vLLM profile's host work between steps (none overlapped but
+// TensorRT-LLM's): it chose 1 ms and 40 us too (fit rows 10.8% / 32.7%),
+// and the holdout missed (median 12.4%, worst 50.2%: vLLM V1 on the GB200
+// came out 37% slow). The V1 announcement then said what we had not read
+// first -- that V1's per-request work runs beside its engine loop -- and the
+// profiles below follow it; the second search, on the fit rows alone, chose
+// the same pair (10.6% / 33.2%). Both are in lab/LAB.md chapter L6.
+constexpr double kHostPerStepS = 1e-3;
+constexpr double kHostPerSeqS = 40e-6;
+
+// The engines the anchor rows ran, by how they hide host work. The studies'
+// engine is vLLM's (the card follows vLLM V1), host work included.
+inline const std::vector<HostProfile>& host_profiles() {
+    static const std::vector<HostProfile> v = {
+        {"none", 0, 0, false, false, 1, "no host work: the GPU's step alone"},
+        {"vllm", kHostPerStepS, kHostPerSeqS, false, true, 1,
+         "vLLM V1: scheduling between steps; per-request output work in other processes, overlapped"},
+        {"vllm-multistep", kHostPerStepS, kHostPerSeqS, false, true, 10,
+         "vLLM 0.6 with --num-scheduler-steps 10: scheduling once per 10 steps; output processing asynchronous"},
+        {"trtllm", kHostPerStepS, kHostPerSeqS, true, true, 1, "TensorRT-LLM PyTorch backend: overlap scheduler on (its default)"},
+    };
+    return v;
+}
+inline const HostProfile& study_host_profile() { return find_preset(host_profiles(), "vllm", "host profile"); }
+
+// The seconds a step's host work adds to a GPU step of `gpu_s` with
+// `num_seqs` scheduled sequences.
+inline double host_seconds(const HostProfile& h, int num_seqs, double gpu_s) {
+    require_number(h.per_step_s, "host per_step_s", 0, 1, false);
+    require_number(h.per_seq_s, "host per_seq_s", 0, 1, false);
+    if (h.steps_per_schedule < 1) throw std::invalid_argument("host steps_per_schedule must be >= 1");
+    const double step = h.per_step_s / h.steps_per_schedule, seq = h.per_seq_s * std::max(0, num_seqs);
+    const double exposed = (h.step_overlaps ? 0.0 : step) + (h.seq_overlaps ? 0.0 : seq);
+    const double hidden = (h.step_overlaps ? step : 0.0) + (h.seq_overlaps ? seq : 0.0);
+    return exposed + std::max(0.0, hidden - gpu_s - exposed);
+}
+
+// ============================================================================
+// 4d. Where swap starts to beat recompute: the crossover length L*
+// ============================================================================
+//
+// A victim of L tokens costs, to bring back,
+//   recompute  its L tokens' prefill, inside a batch that is running anyway:
+//              the marginal work is FLOPs (the weights are read for the
+//              batch regardless), 2 x layer parameters per token for the
+//              linear layers and, for attention, every (query, key) pair
+//              of an L-token prefill, L (L + 1) / 2 of them -- a cost that
+//              grows as L squared;
+//   swap       its blocks out and back in (section 4b), copies and bytes,
+//              a cost that grows as L.
+// So below some length recompute is cheaper and above it swap is: L*. It
+// depends on the GPU (FLOPs), the model (FLOPs and KV bytes per token), the
+// link and the block size (copies per token). It is a marginal cost in a
+// busy batch: a short recompute in a step that is memory-bound anyway (a
+// small batch) costs even less than its FLOPs, so near L* and below it the
+// engine's own runs, not this formula, decide (the preemption study runs
+// them). The claim that swap "wins
+// only for very long sequences" is a claim about L*; the preemption study
+// prints it and tests lengths on both sides of it.
+inline double recompute_seconds(const ModelSpec& m, const Hardware& hw, const CostParams& p, double L) {
+    const Config& c = m.shape;
+    const double attn_peak = hw.attn_peak_flops > 0 ? hw.attn_peak_flops : hw.peak_flops;
+    const double linear = 2.0 * layer_params(c) * L / (hw.peak_flops * p.flops_efficiency);
+    const double per_key = 4.0 * c.n_heads * c.head_dim() * c.n_layers;
+    return linear + per_key * L * (L + 1.0) / 2.0 / (attn_peak * p.attn_flops_efficiency);
+}
+inline double swap_roundtrip_seconds(const ModelSpec& m, const Hardware& hw, double L, int block_size) {
+    const double blocks = std::ceil(L / block_size);
+    const double copies = blocks * 2.0 * m.shape.n_layers, bytes = blocks * block_size * kv_bytes_per_token(m);
+    return 2.0 * swap_seconds(hw, copies, bytes);  // out, then in
+}
+// L*: the shortest length (in tokens, to the block) from which swap costs
+// less than recompute; 0 if swap is cheaper from the first block, -1 if not
+// below `limit` tokens.
+inline long swap_crossover_tokens(const ModelSpec& m, const Hardware& hw, const CostParams& p, int block_size, long limit = 1L << 24) {
+    auto swap_wins = [&](long L) { return swap_roundtrip_seconds(m, hw, (double)L, block_size) < recompute_seconds(m, hw, p, (double)L); };
+    if (swap_wins(block_size)) return 0;
+    if (!swap_wins(limit)) return -1;
+    long lo = block_size, hi = limit;  // recompute - swap grows with L (quadratic against linear): one crossing
+    while (hi - lo > block_size) {
+        const long mid = lo + (hi - lo) / 2;
+        (swap_wins(mid) ? hi : lo) = mid;
+    }
+    return (hi + block_size - 1) / block_size * block_size;
 }
 
 // ============================================================================

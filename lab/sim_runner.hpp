@@ -60,6 +60,9 @@ struct SimConfig {
     ModelSpec model;
     Hardware hw;
     CostParams cost;
+    // The engine's host work per step (cost_model.hpp section 4c); none by
+    // default: only the GPU's step is charged.
+    HostProfile host;
     // vLLM's gpu_memory_utilization, and the two scheduler limits its
     // activation reserve depends on (cost_model.hpp section 3).
     double memory_utilization = 0.9;
@@ -147,6 +150,8 @@ public:
         last_ = step_cost(cfg_.model, cfg_.hw, cfg_.cost, items_, (int)b.logits_indices.size(), 0.0);
         last_.swap_s = swap_stall_seconds(cfg_.hw, cfg_.cost, pending_swap_, last_.linear_s + last_.attention_s);
         last_.total_s += last_.swap_s;
+        last_.host_s = host_seconds(cfg_.host, b.num_seqs(), last_.total_s);
+        last_.total_s += last_.host_s;
         pending_swap_ = SwapTraffic{};
         modelled_s_ += last_.total_s;
         if (clock_) clock_->advance(last_.total_s);

@@ -4,7 +4,7 @@
 //   build/study --list
 //   build/study NAME [--device cpu|sim] [--gpu PRESET] [--model PRESET] [--pcie PRESET]
 //                    [--pcie-gbps X] [--pcie-background X] [--seed N] [--scale X] [--load X]
-//                    [--json] [--svg FILE]
+//                    [--traffic synthetic|conv|code] [--json] [--svg FILE]
 //   build/study NAME --map [--claim ID] [--jobs N] [--json] [--svg FILE]   (simulated GPU only)
 //
 // A study runs a few variants of one scenario on one device, prints its
@@ -41,7 +41,7 @@
 namespace {
 
 struct Options {
-    std::string name, svg_path, gpu = "h200", model = "llama-3-8b", pcie, claim;
+    std::string name, svg_path, gpu = "h200", model = "llama-3-8b", pcie, claim, traffic = "synthetic";
     double pcie_gbps = 0, pcie_background = 0, scale = 1.0, load = 0;
     long long seed = 1;
     int jobs = 2;
@@ -73,8 +73,11 @@ Options parse(int argc, char** argv) {
     p.integer("--seed", &o.seed, 1, 1000000000, "the traffic's seed (lengths, arrivals, tokens)");
     p.real("--scale", &o.scale, 0.05, 4, "every prompt and output length x this");
     p.real("--load", &o.load, 0, 100,
-           "arrival rate as a multiple of the measured capacity, for the studies whose requests arrive over time "
-           "(thrash, fixes, shedding); 0 = the study's own default");
+           "arrival rate as a multiple of the capacity measured on the same requests (every study but preemption); 0 = the study's "
+           "own default (2)");
+    p.choice("--traffic", &o.traffic, {{"synthetic", "synthetic"}, {"conv", "conv"}, {"code", "code"}},
+             "where requests come from: synthetic (Poisson, lognormal lengths) or a replay of the Azure conv or code trace in "
+             "../shared/traces, time-scaled to --load");
     p.flag("--map", &o.map, "run the study over its grid of inputs on the simulated GPU: a verdict per cell, holds in X of Y, the boundary "
                             "(the CPU keeps single-point verdicts)");
     p.text("--claim", &o.claim, "ID", "with --map: only this claim's map (one of the study's)");
@@ -125,8 +128,8 @@ int run_map(const study::Study& st, const study::Env& env, const Options& o) {
     for (const std::string& id : claims) std::printf("  %s: %s\n", id.c_str(), study::claim_text(id).c_str());
     std::string grid;
     for (const study::Axis& a : axes) grid += (grid.empty() ? "" : " x ") + a.name + " {" + study::join(a.values) + "}";
-    std::printf("device: %s, each cell a third of the study's requests (lab/LAB.md ch. L5); grid: %s = %zu cells\n\n",
-                env.describe().c_str(), grid.c_str(), m.cells.size());
+    std::printf("device: %s, each cell's arrivals lasting %g drain times (lab/LAB.md ch. L5); grid: %s = %zu cells\n\n",
+                env.describe().c_str(), study::kMapDrains, grid.c_str(), m.cells.size());
     study::print_map(m, stdout);
     std::printf("map: %zu cells in %.1f s on %d thread%s\n", m.cells.size(), m.seconds, m.jobs, m.jobs == 1 ? "" : "s");
     if (!o.svg_path.empty()) std::printf("heat map: %s\n", o.svg_path.c_str());
@@ -158,6 +161,7 @@ int run(int argc, char** argv) {
     env.seed = (uint64_t)o.seed;
     env.scale = o.scale;
     env.load = o.load;
+    env.traffic = o.traffic;
     if (o.map) return run_map(*st, env, o);
     pkv::ModelAndTokenizer builtin;
     pkv::SimConfig measured;

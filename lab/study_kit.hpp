@@ -63,17 +63,24 @@ struct Env {
     pkv::Device device = pkv::Device::kCpu;
     std::string gpu = "h200", model = "llama-3-8b", pcie;  // the sim's presets ("" pcie = the GPU's own)
     pkv::CostParams cost;                                  // the sim's cost parameters
+    pkv::HostProfile host = pkv::study_host_profile();     // the sim's engine host work (cost_model.hpp section 4c)
     double pcie_bw_override = 0;                           // > 0: replaces the link's bandwidth (bytes/s)
     double pcie_background = 0;                            // the share of the link other traffic takes, [0, 0.99]
     // The workload's own inputs (every study reads them; a map varies them):
     uint64_t seed = 1;    // the traffic's seed (lengths, arrivals, tokens)
     double scale = 1.0;   // every prompt and output length x scale
     double load = 0;      // arrival rate as a multiple of the measured capacity; 0 = the study's own default
-    // 1 for a single run. A map cell (study_map.hpp) is lighter: each run
-    // serves this fraction of the study's requests, and a study may skip
-    // variants its verdicts do not read (each study says which).
-    double cell = 1.0;
-    bool map_cell() const { return cell < 1.0; }
+    // Where requests come from: "synthetic" (Poisson arrivals, lognormal
+    // lengths: studies.hpp's base) or a replay of an Azure trace, "conv" or
+    // "code" (traffic.hpp section 2), time-scaled to the same offered load.
+    std::string traffic = "synthetic";
+    // How long the arrivals last, in drain times (studies.hpp's base: the
+    // time the device takes to work through one pool's worth of tokens at
+    // its measured capacity). A map cell (study_map.hpp) is lighter than a
+    // single run: it holds its load for fewer drain times, and a study may
+    // skip variants its verdicts do not read (each study says which).
+    double drains = 8;
+    bool map_cell = false;
     // A map's cells share the runs that do not depend on what sets them
     // apart (measure_shared); null for a single run.
     std::shared_ptr<MeasureMemo> memo;
@@ -101,11 +108,12 @@ struct Env {
     // Everything about this env that a run's result depends on, but its
     // link (a run that never crosses it can be shared across links).
     std::string identity_but_link() const {
-        char b[320];
-        std::snprintf(b, sizeof b, "%d|%s|%s|%p|%.17g|%.17g|%.17g|%.17g|%.17g|%.17g|%d|%.17g|%llu|%.17g|%.17g", (int)device, gpu.c_str(),
-                      model.c_str(), (const void*)measured, cost.bw_efficiency, cost.flops_efficiency, cost.attn_flops_efficiency,
-                      cost.step_overhead_s, cost.per_token_s, cost.per_logit_s, (int)cost.swap_stalls, scale, (unsigned long long)seed, load,
-                      cell);
+        char b[640];
+        std::snprintf(b, sizeof b, "%d|%s|%s|%p|%.17g|%.17g|%.17g|%.17g|%.17g|%.17g|%d|%.17g|%.17g|%d|%d|%.17g|%llu|%.17g|%s|%.17g|%d",
+                      (int)device, gpu.c_str(), model.c_str(), (const void*)measured, cost.bw_efficiency, cost.flops_efficiency,
+                      cost.attn_flops_efficiency, cost.step_overhead_s, cost.per_token_s, cost.per_logit_s, (int)cost.swap_stalls,
+                      host.per_step_s, host.per_seq_s, 2 * (int)host.step_overlaps + (int)host.seq_overlaps, host.steps_per_schedule, scale, (unsigned long long)seed,
+                      load, traffic.c_str(), drains, (int)map_cell);
         return b;
     }
     // The sim's configuration with the PCIe link `link` ("" = the env's).
@@ -113,6 +121,7 @@ struct Env {
         if (measured) return *measured;  // this machine: its "link" is a memcpy, measured too
         pkv::SimConfig s = pkv::sim_config(gpu, model, link.empty() ? pcie : link);
         s.cost = cost;
+        s.host = host;
         if (pcie_bw_override > 0) s.hw.pcie_bw = pcie_bw_override;
         s.hw.pcie_background = pcie_background;
         return s;
@@ -140,6 +149,9 @@ struct Scenario : EngineKnobs {
     int replicas = 1;
     Router router = Router::kRoundRobin;
     Traffic traffic;
+    // Requests built by hand instead of drawn from `traffic` (a scenario that
+    // needs two particular requests, say); traffic.requests must match.
+    std::shared_ptr<const std::vector<PlannedRequest>> planned;
 };
 
 // ============================================================================
@@ -198,21 +210,32 @@ struct Measurement {
     // it got.
     std::vector<double> e2e_by_request;
     std::vector<int> tokens_by_request;
-    // Every inter-token gap, by its cause (see measure()):
-    //   preempted  the request was preempted between the two tokens: it
-    //              waited to be readmitted, then recomputed or swapped in;
-    //   prefill    no preemption, but a step in between also computed a
-    //              prefill or recompute chunk (its own or another request's),
-    //              so the token waited behind that chunk;
-    //   decode     neither: plain decode steps.
-    pkv::LatencySamples itl_preempted, itl_prefill, itl_decode;
-    // The inter-token latencies without the prefill stalls: what preemption
-    // alone does to the stream (decode and preempted gaps together).
-    pkv::LatencySamples itl_without_prefill() const {
-        pkv::LatencySamples s;
-        s.v = itl_decode.v;
-        s.v.insert(s.v.end(), itl_preempted.v.begin(), itl_preempted.v.end());
-        return s;
+    // Every inter-token gap, by its cause (see measure()), the first that
+    // applies:
+    //   preempted  the request itself was preempted between the two tokens:
+    //              it waited to be readmitted, then recomputed or swapped in;
+    //   recompute  a step in between also recomputed another request's
+    //              tokens after its preemption, so this token waited
+    //              behind preemption's work;
+    //   swap       a step in between copied a victim's blocks out or in;
+    //   prefill    a step in between computed an admission's prompt chunk:
+    //              chunked prefill, with or without any pressure;
+    //   decode     none of these: plain decode steps.
+    // The first three are preemption's: what it costs the streams, its own
+    // victims' and everyone else's.
+    pkv::LatencySamples itl_preempted, itl_recompute, itl_swap, itl_prefill, itl_decode;
+    long gaps_from_preemption() const { return (long)(itl_preempted.count() + itl_recompute.count() + itl_swap.count()); }
+    // Per request, in the traffic's order: its longest gap between two
+    // tokens (the pause its client saw; 0 with fewer than two tokens) and
+    // how many times it was preempted.
+    std::vector<double> longest_gap_by_request;
+    std::vector<int> preemptions_by_request;
+    // The share of the gaps at or above `threshold` seconds that are
+    // preemption's (preempted, recompute or swap); 0 if there are none.
+    double preemption_share_at_or_above(double threshold) const {
+        auto n = [&](const pkv::LatencySamples& x) { return (double)std::count_if(x.v.begin(), x.v.end(), [&](double g) { return g >= threshold; }); };
+        const double pre = n(itl_preempted) + n(itl_recompute) + n(itl_swap), all = pre + n(itl_prefill) + n(itl_decode);
+        return all > 0 ? pre / all : 0.0;
     }
 
     double useful_tok_per_s() const { return makespan_s > 0 ? useful_tokens / makespan_s : 0; }
@@ -265,30 +288,35 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
 // replicas' state at the arrival time; the replicas run side by side in
 // device time (the one furthest behind steps next).
 //
-// Every inter-token gap is put down to a cause (Measurement's itl_*): a
-// preemption between the two tokens, else a step in between that also
-// computed a prefill or recompute chunk, else plain decode. A step computed
-// such a chunk when it computed more tokens than it emitted (each decode
-// row computes one token and emits one; a chunk of n tokens emits at most
-// one). The gaps of a step are classified once the step is over, when its
-// token count is known.
+// Every inter-token gap is put down to a cause (Measurement's itl_*): the
+// request's own preemption between the two tokens, else a step in between
+// that recomputed a victim's tokens, else one that copied swap blocks, else
+// one that computed an admission's prompt chunk, else plain decode. What a
+// step carried is read off the engine's counters across it (recomputed,
+// prompt tokens, swaps), so the gaps of a step are classified once the step
+// is over.
 inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& hook = {}) {
     const pkv::Config& shape = env.shape();
-    const std::vector<PlannedRequest> plan = plan_traffic(sc.traffic, shape.vocab_size);
+    const std::vector<PlannedRequest> plan = sc.planned ? *sc.planned : plan_traffic(sc.traffic, shape.vocab_size);
     const int R = (int)plan.size();
     Measurement out;
     out.requests = R;
     out.e2e_by_request.assign((size_t)R, -1.0);
     out.tokens_by_request.assign((size_t)R, 0);
+    out.longest_gap_by_request.assign((size_t)R, 0.0);
+    out.preemptions_by_request.assign((size_t)R, 0);
     std::vector<Replica> reps;
     for (int k = 0; k < std::max(1, sc.replicas); ++k) reps.push_back(make_replica(env, sc));
     std::vector<double> last_token(R, -1.0);
     std::vector<char> ended(R, 0), preempted_since(R, 0);
-    // Per request: how many chunk-carrying steps its replica had run when
-    // it emitted its last token; per replica: that count, and this step's
-    // emitted tokens and unclassified gaps.
-    std::vector<long> chunk_steps_at(R, 0), chunk_steps((size_t)std::max(1, sc.replicas), 0);
-    long step_emitted = 0;
+    // Per replica: how many steps so far carried each kind of stall
+    // (recompute, swap, prefill); per request: those counts on its replica
+    // when it emitted its last token. A gap crossed a stall of a kind when
+    // the count moved since.
+    struct StallCounts {
+        long recompute = 0, swap = 0, prefill = 0;
+    };
+    std::vector<StallCounts> stalls_at((size_t)R), stalls((size_t)std::max(1, sc.replicas));
     struct Gap {
         int g;
         double dt;
@@ -302,15 +330,15 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
             const double a = plan[(size_t)g].arrival_s;
             switch (e.type) {
                 case pkv::EventType::kToken:
-                    ++step_emitted;
                     step_token_reqs.push_back(g);
                     out.tokens_by_request[(size_t)g]++;
                     if (last_token[(size_t)g] < 0) out.ttft.add(e.time - a);
                     else {
                         const double dt = e.time - last_token[(size_t)g];
                         out.itl.add(dt);
+                        out.longest_gap_by_request[(size_t)g] = std::max(out.longest_gap_by_request[(size_t)g], dt);
                         if (preempted_since[(size_t)g]) out.itl_preempted.add(dt);
-                        else step_gaps.push_back({g, dt});  // prefill or decode: known after the step
+                        else step_gaps.push_back({g, dt});  // another cause: known after the step
                     }
                     preempted_since[(size_t)g] = 0;
                     last_token[(size_t)g] = e.time;
@@ -330,6 +358,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
                     break;
                 case pkv::EventType::kPreempted:
                     preempted_since[(size_t)g] = 1;
+                    out.preemptions_by_request[(size_t)g]++;
                     out.victim_tokens += reps[(size_t)k].engine->request(e.request_id)->num_computed_high_water;
                     break;
                 case pkv::EventType::kResumed: break;
@@ -374,21 +403,32 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         if (k_min < 0) break;  // nothing left anywhere
         Replica& rep = reps[(size_t)k_min];
         const double t0 = rep.clock->t;
-        const long computed0 = rep.engine->metrics().computed_tokens_total;
-        step_emitted = 0;
+        // (The counters alone: a Metrics also holds every latency sample.)
+        const pkv::Metrics& m0 = rep.engine->metrics();
+        const long recomputed0 = m0.recomputed_tokens_total, swaps0 = m0.num_swap_outs + m0.num_swap_ins, prompt0 = m0.prompt_tokens_total;
         step_gaps.clear();
         step_token_reqs.clear();
         rep.clock->begin_step();
         rep.engine->step();
         rep.clock->end_step();
         out.busy_s += rep.clock->t - t0;
-        // This step carried a chunk if it computed more tokens than it emitted.
-        if (rep.engine->metrics().computed_tokens_total - computed0 > step_emitted) chunk_steps[(size_t)k_min]++;
-        // A gap is a prefill stall if a chunk-carrying step ran after the
-        // request's previous token, up to and including this one.
-        for (const Gap& gp : step_gaps)
-            (chunk_steps[(size_t)k_min] > chunk_steps_at[(size_t)gp.g] ? out.itl_prefill : out.itl_decode).add(gp.dt);
-        for (int g : step_token_reqs) chunk_steps_at[(size_t)g] = chunk_steps[(size_t)k_min];
+        // What this step carried, from the counters across it.
+        const pkv::Metrics& after = rep.engine->metrics();
+        StallCounts& st = stalls[(size_t)k_min];
+        st.recompute += after.recomputed_tokens_total > recomputed0;
+        st.swap += after.num_swap_outs + after.num_swap_ins > swaps0;
+        st.prefill += after.prompt_tokens_total > prompt0;
+        // Each gap ended in this step: the first kind of stall that ran
+        // since the request's previous token, up to and including this step.
+        for (const Gap& gp : step_gaps) {
+            const StallCounts& at = stalls_at[(size_t)gp.g];
+            (st.recompute > at.recompute ? out.itl_recompute
+             : st.swap > at.swap         ? out.itl_swap
+             : st.prefill > at.prefill   ? out.itl_prefill
+                                         : out.itl_decode)
+                .add(gp.dt);
+        }
+        for (int g : step_token_reqs) stalls_at[(size_t)g] = st;
         if (++steps > max_steps) throw std::runtime_error("measure: too many steps (a scheduler that makes no progress?)");
         // The whole fleet's view after this step.
         double kv = 0;
@@ -499,7 +539,8 @@ inline const std::vector<std::pair<std::string, std::string>>& claims() {
         {"C3", "preempting the newest first completes more work than slowing everyone uniformly"},
         {"C4", "the victim goes to the front of the queue and resumes when blocks free"},
         {"C5", "recompute costs one prefill of the current length, and prefix caching serves part of it"},
-        {"C6", "swap pays PCIe both ways and its host buffer fills; it wins only for very long sequences and loses where PCIe is scarcer"},
+        {"C6a", "swap pays PCIe both ways and its host buffer fills; it loses where PCIe is scarcer"},
+        {"C6b", "swap wins only for very long sequences (beyond a crossover length L*)"},
         {"C7", "the client sees a pause, a p99 inter-token-latency cliff"},
         {"C8", "recompute does more total work per completed request"},
         {"C9", "shedding at the edge gives fast, retryable failures instead of unbounded stalls"},
@@ -527,14 +568,17 @@ inline const char* to_string(Verdict v) {
     return "?";
 }
 
-// One claim's verdict and the numbers behind it: in words (`because`) and
-// as the decider's inputs, by name (a map's cells carry them: study_map.hpp).
+// One claim's verdict and the numbers behind it: in words (`because`), as
+// the decider's inputs by name, and the numbers that say whether the claim's
+// premise occurred at all (preemptions, a queue at the door, runaway
+// requests): a map's cells carry both (study_map.hpp).
 using Numbers = std::vector<std::pair<std::string, double>>;
 struct ClaimVerdict {
     std::string claim;
     Verdict verdict;
     std::string because;
     Numbers numbers = {};
+    Numbers premise = {};
 };
 // The overall verdict of several: all agree -> that; otherwise mixed (not
 // shown only when nothing was shown).
@@ -553,6 +597,19 @@ inline Verdict combine(const std::vector<ClaimVerdict>& v) {
 // (contradicted), or neither (mixed), with its reason.
 inline ClaimVerdict verdict(const std::string& claim, bool holds, bool opposite, const std::string& because, Numbers numbers = {}) {
     return {claim, holds ? Verdict::kSupported : opposite ? Verdict::kContradicted : Verdict::kMixed, because, std::move(numbers)};
+}
+// The same, for a claim about something that must first happen (a
+// preemption, a queue at the door, a runaway request): where it did not,
+// the run cannot speak to the claim, and the verdict is "not shown" -- never
+// "contradicted" because nothing happened. `premise` holds the numbers that
+// decided it either way.
+inline ClaimVerdict verdict_if(bool premise_occurred, const std::string& why_not, Numbers premise, ClaimVerdict v) {
+    if (!premise_occurred) {
+        v.verdict = Verdict::kNotShown;
+        v.because = why_not + " -- " + v.because;
+    }
+    v.premise = std::move(premise);
+    return v;
 }
 
 // ============================================================================

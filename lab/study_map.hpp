@@ -17,10 +17,19 @@
 //   pcie_gbps         the host link's bandwidth
 //   pcie_background   the share of the link other traffic takes
 //   seed              the traffic's seed
-// A cell is lighter than a single run (Env::cell): it serves a third of the
-// study's requests, and a study may skip variants its verdicts do not read
-// (lab/LAB.md chapter L5 lists what each cell runs). Cells are independent:
-// they run on `jobs` threads, and the result does not depend on how many.
+//   traffic           synthetic (Poisson, lognormal lengths), or a replay of
+//                     an Azure trace, conv or code (traffic.hpp section 2)
+// A cell is lighter than a single run (Env::drains): its arrivals last
+// kMapDrains drain times instead of 8, and a study may skip variants its
+// verdicts do not read (lab/LAB.md chapter L5 lists what each cell runs).
+// Cells are independent: they run on `jobs` threads, and the result does
+// not depend on how many.
+//
+// A cell where a claim's premise did not occur (no preemption, no queue at
+// the door, no runaway request) reads "not shown" for that claim: "holds in
+// X of Y" counts only the cells where the premise occurred, and says how
+// many were not shown. A cell that replays a trace whose file is absent
+// fails with that message and counts nowhere.
 //
 // Only the simulated GPU is mapped. On this CPU a single run of a study takes
 // seconds to minutes of real compute, so a grid would take hours: the CPU
@@ -90,34 +99,39 @@ inline Axis axis_pcie_background(std::vector<std::string> v) {
 inline Axis axis_seed(std::vector<std::string> v) {
     return {"seed", std::move(v), true, [](Env& e, const std::string& x) { e.seed = (uint64_t)axis_number(x); }};
 }
+inline Axis axis_traffic(std::vector<std::string> v) {
+    return {"traffic", std::move(v), false, [](Env& e, const std::string& x) { e.traffic = x; }};
+}
 
 // The grid each study is mapped over: the inputs its claims turned out to
-// depend on (the issue that asked for maps found flips along each), two to
-// four values each, at least 12 cells. Axes a study does not list keep the
-// env's value (--gpu, --model, ... on the command line).
+// depend on, two or three values each, 12 to 16 cells, every grid with cells
+// replaying a trace. The load spans below and above the capacity where a
+// claim's premise depends on it (0.5 or 1, and 2 or 3). Axes a study does
+// not list keep the env's value (--gpu, --model, ... on the command line).
 inline std::vector<Axis> map_of(const std::string& study) {
     const std::vector<std::string> gpus3 = {"h200", "h100", "a100-40g"};
     const std::vector<std::string> models = {"llama-3-8b", "llama-2-7b"};
     const std::vector<std::string> halves = {"0.5", "1"};
+    const std::vector<std::string> conv = {"synthetic", "conv"};
     // thrash: C11/C13 moved with the GPU and the model (KV bytes per token);
-    // C11 needs arrivals that can leave the device idle: the load.
-    if (study == "thrash") return {axis_gpu(gpus3), axis_model(models), axis_load({"0.5", "1"})};
-    // admission: C1 flipped on an H100 and at half length; seeds show noise.
-    if (study == "admission") return {axis_gpu(gpus3), axis_scale(halves), axis_seed({"1", "2"})};
-    // victim: C3 is a close call: length and seed.
-    if (study == "victim") return {axis_gpu({"h200", "h100"}), axis_scale(halves), axis_seed({"1", "2", "3"})};
-    // preemption: C6 is the link -- its bandwidth and what else uses it --
-    // and the KV bytes a swap moves per token (the model).
+    // below capacity the device idles and nothing may be preempted.
+    if (study == "thrash") return {axis_gpu({"h200", "a100-40g"}), axis_model(models), axis_load({"0.5", "2"}), axis_traffic(conv)};
+    // admission: C1 flipped on an H100 and at half length.
+    if (study == "admission") return {axis_gpu(gpus3), axis_scale(halves), axis_traffic(conv)};
+    // victim: C3 is a close call: length, and both traces.
+    if (study == "victim") return {axis_gpu({"h200", "h100"}), axis_scale(halves), axis_traffic({"synthetic", "conv", "code"})};
+    // preemption: C6 is the link (its load) and the KV bytes and context
+    // (the model: only Llama-3.1-8B's context reaches L*).
     if (study == "preemption")
-        return {axis_model(models), axis_pcie_background({"0", "0.5"}), axis_pcie_gbps({"5", "12", "25", "50"})};
-    // fixes and shedding: arrivals over time, at a load; GPU and length.
-    if (study == "fixes" || study == "shedding") return {axis_gpu(gpus3), axis_scale(halves), axis_load({"1.5", "3"})};
-    // signals: C7/C10 moved with length (prefill chunks), GPU and model.
-    if (study == "signals") return {axis_gpu(gpus3), axis_model(models), axis_scale(halves)};
+        return {axis_model({"llama-3.1-8b", "llama-3-8b", "llama-2-7b"}), axis_pcie_background({"0", "0.5"}), axis_traffic(conv)};
+    // fixes and shedding: arrivals over time, at a load; GPU.
+    if (study == "fixes" || study == "shedding") return {axis_gpu(gpus3), axis_load({"1", "3"}), axis_traffic(conv)};
+    // signals: C7/C10 moved with the GPU and the model.
+    if (study == "signals") return {axis_gpu(gpus3), axis_model(models), axis_traffic(conv)};
     // mechanisms: C2/C4 are mechanisms; the map checks they hold everywhere.
-    if (study == "mechanisms") return {axis_gpu(gpus3), axis_scale(halves), axis_seed({"1", "2"})};
+    if (study == "mechanisms") return {axis_gpu(gpus3), axis_scale(halves), axis_traffic({"synthetic", "code"})};
     // kv_dtype: C12's FP8 check moved with the GPU (pool size) and model.
-    if (study == "kv_dtype") return {axis_gpu({"h200", "h100", "a100-40g", "l4"}), axis_model(models), axis_scale(halves)};
+    if (study == "kv_dtype") return {axis_gpu({"h200", "h100", "a100-40g", "l4"}), axis_model(models), axis_traffic(conv)};
     throw std::invalid_argument("no map for study '" + study + "'");
 }
 
@@ -160,8 +174,10 @@ inline std::vector<std::vector<std::string>> grid_of(const std::vector<Axis>& ax
 // 2. Running a map
 // ============================================================================
 
-// The fraction of a study's requests a map cell serves (Env::cell).
-constexpr double kMapCell = 1.0 / 3.0;
+// How long a map cell's arrivals last, in drain times (Env::drains; a
+// single run: 8). Several, so that an overload builds and holds, and few,
+// so that a map of 12 to 16 cells takes at most a minute or so on 2 cores.
+constexpr double kMapDrains = 4.0;
 
 // Runs `st` at every cell of `axes` on the simulated GPU of `base` (its other
 // settings kept), on `jobs` threads. `progress`, if set, is told each cell
@@ -188,7 +204,8 @@ inline MapResult run_map(const Study& st, const std::vector<Axis>& axes, const E
             c.params = grid[i];
             const auto c0 = std::chrono::steady_clock::now();
             Env env = base;
-            env.cell = kMapCell;
+            env.map_cell = true;
+            env.drains = kMapDrains;
             env.memo = memo;
             try {
                 for (size_t a = 0; a < axes.size(); ++a) axes[a].set(env, grid[i][a]);
@@ -226,16 +243,31 @@ inline const ClaimVerdict* cell_claim(const Cell& c, const std::string& claim) {
         if (v.claim == claim) return &v;
     return nullptr;
 }
-// How many cells `claim` holds in (supported), and how many ran.
-inline std::pair<int, int> holds_count(const MapResult& m, const std::string& claim) {
-    int holds = 0, total = 0;
+// How many cells `claim` holds in (supported), in how many its premise
+// occurred (the cells that count), and in how many it was not shown.
+struct Holds {
+    int holds = 0, shown = 0, not_shown = 0;
+};
+inline Holds holds_count(const MapResult& m, const std::string& claim) {
+    Holds h;
     for (const Cell& c : m.cells) {
         if (!c.error.empty()) continue;
-        ++total;
-        holds += cell_verdict(c, claim) == Verdict::kSupported;
+        const Verdict v = cell_verdict(c, claim);
+        if (v == Verdict::kNotShown) {
+            h.not_shown++;
+            continue;
+        }
+        h.shown++;
+        h.holds += v == Verdict::kSupported;
     }
-    return {holds, total};
+    return h;
 }
+// "holds in X of Y cells (N not shown)".
+inline std::string holds_text(const Holds& h) {
+    return fmt("holds in %d of %d cells%s", h.holds, h.shown, h.not_shown ? fmt(" (%d not shown)", h.not_shown).c_str() : "");
+}
+// A cell that counts for `claim`: it ran, and the claim's premise occurred.
+inline bool counts(const Cell& c, const std::string& claim) { return c.error.empty() && cell_verdict(c, claim) != Verdict::kNotShown; }
 
 // ============================================================================
 // 3. The boundary in words
@@ -262,7 +294,7 @@ inline AxisTally tally(const MapResult& m, size_t axis, const std::string& claim
     t.holds.assign(n, 0);
     t.total.assign(n, 0);
     for (const Cell& c : m.cells) {
-        if (!c.error.empty()) continue;
+        if (!counts(c, claim)) continue;
         const size_t v = (size_t)(std::find(m.axes[axis].values.begin(), m.axes[axis].values.end(), c.params[axis]) -
                                   m.axes[axis].values.begin());
         t.total[v]++;
@@ -282,11 +314,12 @@ inline bool threshold_shape(const MapResult& m, size_t axis, const std::string& 
     std::map<std::vector<std::string>, std::vector<std::pair<double, bool>>> slices;
     for (const Cell& c : m.cells) {
         if (!c.error.empty()) return false;
+        if (!counts(c, claim)) continue;
         std::vector<std::string> key = c.params;
         key.erase(key.begin() + (ptrdiff_t)axis);
         slices[key].push_back({axis_number(c.params[axis]), cell_verdict(c, claim) == Verdict::kSupported});
     }
-    bool any_holds = false, any_fails = false;
+    bool any_holds = false, any_fails = false, interior = false;
     for (auto& [key, pts] : slices) {
         std::sort(pts.begin(), pts.end());
         if (dir < 0) std::reverse(pts.begin(), pts.end());
@@ -297,9 +330,10 @@ inline bool threshold_shape(const MapResult& m, size_t axis, const std::string& 
             if (pts[i].second) return false;
         any_holds = any_holds || first < pts.size();
         any_fails = any_fails || first > 0;
+        interior = interior || (first > 0 && first < pts.size());  // a slice that changes along the axis
         thresholds.push_back(first < pts.size() ? pts[first].first : std::nan(""));
     }
-    return any_holds && any_fails;
+    return any_holds && any_fails && interior;
 }
 
 inline std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
@@ -308,16 +342,18 @@ inline std::string join(const std::vector<std::string>& v, const char* sep = ", 
     return s;
 }
 
+// Only the cells where the claim's premise occurred count (counts()).
 inline std::string boundary(const MapResult& m, const std::string& claim) {
-    const auto [holds, total] = holds_count(m, claim);
-    if (total == 0) return "no cell ran";
-    if (holds == total) return "holds in every cell of the map";
+    const Holds hc = holds_count(m, claim);
+    const int holds = hc.holds, total = hc.shown;
+    if (total == 0) return hc.not_shown ? "its premise occurred in no cell" : "no cell ran";
+    if (holds == total) return "holds in every cell where its premise occurred";
     if (holds == 0) {
         int count[4] = {0, 0, 0, 0};
         for (const Cell& c : m.cells)
-            if (c.error.empty()) count[(int)cell_verdict(c, claim)]++;
+            if (counts(c, claim)) count[(int)cell_verdict(c, claim)]++;
         const int most = (int)(std::max_element(count, count + 4) - count);
-        return fmt("holds in no cell of the map (%s in %d of %d)", to_string((Verdict)most), count[most], total);
+        return fmt("holds in no cell where its premise occurred (%s in %d of %d)", to_string((Verdict)most), count[most], total);
     }
     // One input decides it.
     for (size_t a = 0; a < m.axes.size(); ++a) {
@@ -338,7 +374,7 @@ inline std::string boundary(const MapResult& m, const std::string& claim) {
     auto cells_where = [&](bool want) {
         std::vector<std::string> v;
         for (const Cell& c : m.cells)
-            if (c.error.empty() && (cell_verdict(c, claim) == Verdict::kSupported) == want) v.push_back(join(c.params, " / "));
+            if (counts(c, claim) && (cell_verdict(c, claim) == Verdict::kSupported) == want) v.push_back(join(c.params, " / "));
         return join(v, "; ");
     };
     std::string names;
@@ -418,10 +454,7 @@ inline void print_map(const MapResult& m, FILE* out) {
     for (const Cell& c : m.cells)
         if (!c.error.empty()) std::fprintf(out, "  cell %s: %s\n", join(c.params, " ").c_str(), c.error.c_str());
     std::fprintf(out, "\n");
-    for (const std::string& cl : m.claims) {
-        const auto [h, n] = holds_count(m, cl);
-        std::fprintf(out, "%s holds in %d of %d cells: %s\n", cl.c_str(), h, n, boundary(m, cl).c_str());
-    }
+    for (const std::string& cl : m.claims) std::fprintf(out, "%s %s: %s\n", cl.c_str(), holds_text(holds_count(m, cl)).c_str(), boundary(m, cl).c_str());
 }
 
 inline std::string cell_json(const MapResult& m, const Cell& c, const std::vector<std::string>& claims) {
@@ -430,7 +463,7 @@ inline std::string cell_json(const MapResult& m, const Cell& c, const std::vecto
         if (m.axes[a].numeric) params.num(m.axes[a].name, axis_number(c.params[a]));
         else params.str(m.axes[a].name, c.params[a]);
     }
-    Json verdicts, numbers;
+    Json verdicts, numbers, premise;
     Verdict overall = Verdict::kNotShown;
     std::vector<ClaimVerdict> mine;
     for (const std::string& cl : claims) {
@@ -439,6 +472,7 @@ inline std::string cell_json(const MapResult& m, const Cell& c, const std::vecto
         mine.push_back(*v);
         verdicts.str(cl, to_string(v->verdict));
         for (const auto& [k, x] : v->numbers) numbers.num(claims.size() > 1 ? cl + "." + k : k, x);
+        for (const auto& [k, x] : v->premise) premise.num(claims.size() > 1 ? cl + "." + k : k, x);
     }
     overall = combine(mine);
     Json j;
@@ -446,27 +480,35 @@ inline std::string cell_json(const MapResult& m, const Cell& c, const std::vecto
     j.str("verdict", c.error.empty() ? to_string(overall) : "error");
     if (claims.size() > 1) j.raw("verdicts", verdicts.dump());
     j.raw("numbers", numbers.dump());
+    j.raw("premise", premise.dump());
     if (!c.error.empty()) j.str("error", c.error);
     j.num("seconds", c.seconds);
     return j.dump();
 }
 
-// The JSON: {"claim", "cells": [{"params", "verdict", "numbers"}], "holds",
-// "total"} for `claims` (one claim, or a study's several: then "claim" names
-// them all, a cell's verdict is their combination, "verdicts" has each, and
-// "maps" has one object of the same shape per claim).
+// The JSON: {"claim", "cells": [{"params", "verdict", "numbers", "premise"}],
+// "holds", "total", "not_shown"} for `claims` (one claim, or a study's
+// several: then "claim" names them all, a cell's verdict is their
+// combination, "verdicts" has each, and "maps" has one object of the same
+// shape per claim). "total" counts the cells where the premise occurred,
+// "not_shown" those where it did not; a cell that failed is in neither.
 inline std::string map_json(const MapResult& m, const std::vector<std::string>& claims) {
     auto one = [&](const std::vector<std::string>& cls) {
         std::vector<std::string> cells;
-        int holds = 0, total = 0;
+        int holds = 0, total = 0, not_shown = 0;
         for (const Cell& c : m.cells) {
             cells.push_back(cell_json(m, c, cls));
             if (!c.error.empty()) continue;
-            ++total;
             std::vector<ClaimVerdict> mine;
             for (const std::string& cl : cls)
                 if (const ClaimVerdict* v = cell_claim(c, cl)) mine.push_back(*v);
-            holds += combine(mine) == Verdict::kSupported;
+            const Verdict v = combine(mine);
+            if (v == Verdict::kNotShown) {
+                ++not_shown;
+                continue;
+            }
+            ++total;
+            holds += v == Verdict::kSupported;
         }
         Json j;
         j.str("study", m.study);
@@ -474,6 +516,7 @@ inline std::string map_json(const MapResult& m, const std::vector<std::string>& 
         j.raw("cells", Json::array(cells));
         j.integer("holds", holds);
         j.integer("total", total);
+        j.integer("not_shown", not_shown);
         if (cls.size() == 1) j.str("boundary", boundary(m, cls[0]));
         return j;
     };
@@ -525,9 +568,8 @@ inline std::string map_svg(const MapResult& m) {
     for (size_t k = 0; k < m.claims.size(); ++k) {
         const std::string& cl = m.claims[k];
         const int y0 = 10 + block_h * (int)k;
-        const auto [h, n] = holds_count(m, cl);
-        o += fmt("<text x=\"10\" y=\"%d\" font-weight=\"bold\">%s: study %s, holds in %d of %d cells</text>\n", y0 + 14,
-                 svg::escape(cl).c_str(), svg::escape(m.study).c_str(), h, n);
+        o += fmt("<text x=\"10\" y=\"%d\" font-weight=\"bold\">%s: study %s, %s</text>\n", y0 + 14, svg::escape(cl).c_str(),
+                 svg::escape(m.study).c_str(), svg::escape(holds_text(holds_count(m, cl))).c_str());
         o += fmt("<text x=\"10\" y=\"%d\">rows: %s; columns: %s (S supported, M mixed, C contradicted, - not shown)</text>\n", y0 + 30,
                  svg::escape(rest).c_str(), svg::escape(last.name).c_str());
         const int gy = y0 + title_h;

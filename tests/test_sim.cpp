@@ -557,4 +557,106 @@ TEST_CASE("simulated time is the cost model's time") {
     CHECK(m.e2e_request_latency.percentile(100) == clock.t);
 }
 
+// Proves the host's share of a step (cost_model.hpp section 4c) is paid as each profile says: work that is not overlapped adds to the GPU's step; overlapped work shows only where it outlasts the step; multi-step divides the per-step part; and SimRunner charges exactly that on top of the roofline.
+TEST_CASE("host work: added, overlapped or spread over several steps") {
+    HostProfile h{"t", 1e-3, 10e-6, false, false, 1, ""};
+    CHECK(host_seconds(h, 100, 5e-3) == doctest::Approx(2e-3));  // 1 ms + 100 x 10 us, added
+    h.seq_overlaps = true;  // vLLM V1: per-sequence work beside the engine loop
+    CHECK(host_seconds(h, 100, 5e-3) == doctest::Approx(1e-3));   // hidden behind 5 ms + 1 ms
+    CHECK(host_seconds(h, 1000, 5e-3) == doctest::Approx(1e-3 + (10e-3 - 6e-3)));  // 10 ms of it outlasts the 6 ms
+    h.step_overlaps = true;  // TensorRT-LLM: all of it overlapped
+    CHECK(host_seconds(h, 100, 5e-3) == 0.0);
+    CHECK(host_seconds(h, 1000, 5e-3) == doctest::Approx(6e-3));  // 11 ms against a 5 ms step
+    HostProfile multi{"m", 4e-3, 0, false, true, 10, ""};
+    CHECK(host_seconds(multi, 64, 1e-3) == doctest::Approx(0.4e-3));
+    multi.steps_per_schedule = 0;
+    CHECK_THROWS_AS(host_seconds(multi, 1, 0), std::invalid_argument);
+    // The profiles the anchors use: every engine's pair is the fitted one.
+    for (const char* name : {"vllm", "vllm-multistep", "trtllm"}) {
+        const HostProfile& p = find_preset(host_profiles(), name, "host profile");
+        CHECK(p.per_step_s == kHostPerStepS);
+        CHECK(p.per_seq_s == kHostPerSeqS);
+    }
+    CHECK(study_host_profile().name == "vllm");
+    // SimRunner adds it to the step.
+    SimConfig sc = sim_config("h200", "llama-3-8b");
+    sc.host = find_preset(host_profiles(), "vllm", "host profile");
+    SimRunner r(sc);
+    r.init_kv_cache(KVGeometry{32, 64, 16, 8, 128, KVDtype::kF16}, 16);
+    ForwardBatch b;
+    for (int i = 0; i < 4; ++i) {
+        const int32_t tok = 5;
+        b.add_sequence({i}, 16, &tok, 3, 1, true);
+        b.logits_seed.push_back(1);
+        b.logits_output_index.push_back(0);
+    }
+    std::vector<int32_t> out;
+    r.forward_argmax(b, out);
+    const StepCost gpu = step_cost(sc.model, sc.hw, sc.cost, decode_batch(4, 4), 4, 0.0);
+    CHECK(r.last_step().host_s == doctest::Approx(host_seconds(sc.host, 4, gpu.total_s)));
+    CHECK(r.last_step().total_s == doctest::Approx(gpu.total_s + r.last_step().host_s));
+}
+
+// Proves the swap crossover L* (cost_model.hpp section 4d) is where the two costs meet: below it recompute is cheaper, above it swap; it is larger on the slower link (fewer bytes a second), at 0 where recompute is dearer from the first block (an A100's FLOPs), and beyond Llama-3-8B's 8192-token context on an H200 -- why the preemption study needs the long-context preset.
+TEST_CASE("the swap crossover length L*") {
+    const ModelSpec& m = model_preset("llama-3.1-8b");
+    const CostParams p;
+    const SimConfig h200g5 = sim_config("h200", "llama-3.1-8b", "gen5"), h200g4 = sim_config("h200", "llama-3.1-8b", "gen4");
+    const long g5 = swap_crossover_tokens(m, h200g5.hw, p, 16), g4 = swap_crossover_tokens(m, h200g4.hw, p, 16);
+    CAPTURE(g5);
+    CAPTURE(g4);
+    REQUIRE(g5 > 0);
+    CHECK(g4 > g5);
+    CHECK(g5 % 16 == 0);
+    CHECK(g5 > 8192);     // beyond Llama-3-8B's context
+    CHECK(g4 < 131072);   // within Llama-3.1-8B's
+    CHECK(recompute_seconds(m, h200g5.hw, p, g5 - 16.0) <= swap_roundtrip_seconds(m, h200g5.hw, g5 - 16.0, 16));
+    CHECK(recompute_seconds(m, h200g5.hw, p, g5 + 16.0) > swap_roundtrip_seconds(m, h200g5.hw, g5 + 16.0, 16));
+    // Swap's copies: 2 x 32 per 16-token block at 5 us, and the bytes both ways.
+    CHECK(swap_roundtrip_seconds(m, h200g5.hw, 16, 16) == doctest::Approx(2 * (64 * 5e-6 + 16 * 131072.0 / 50e9)));
+    // An A100-40GB computes slower: swap is cheaper from the first block.
+    const SimConfig a100 = sim_config("a100-40g", "llama-3.1-8b");
+    CHECK(swap_crossover_tokens(m, a100.hw, p, 16) == 0);
+    // Larger blocks mean fewer copy calls: the crossover comes sooner.
+    CHECK(swap_crossover_tokens(m, h200g5.hw, p, 256) < g5);
+}
+
+// Proves the presets the anchor rows need carry their sources' numbers: Qwen2.5-7B's KV is 57,344 bytes a token (vLLM #44594's "16 GiB -> 299,584 tokens"), OPT-13B's 800 KB (the vLLM paper's), Llama-3.3-70B is 70.6B parameters, and the GB200 runs FP8 at twice its BF16 rate.
+TEST_CASE("the anchor rows' presets") {
+    CHECK(kv_bytes_per_token(model_preset("qwen2.5-7b")) == 57344.0);
+    CHECK(std::floor(16.0 * 1073741824.0 / 57344.0 / 16) * 16 == 299584.0);
+    CHECK(kv_bytes_per_token(model_preset("opt-13b")) == 819200.0);
+    CHECK(near_rel(total_params(model_preset("llama-3.3-70b-fp8").shape), 70.55e9, 2e-3));
+    CHECK(near_rel(layer_params(model_preset("opt-13b").shape), 40 * 12.0 * 5120 * 5120, 1e-4));
+    const SimConfig gb = sim_config("gb200", "qwen2.5-7b");
+    CHECK(gb.hw.peak_flops == 2500e12);
+    CHECK(sim_config("gb200", "llama-3.3-70b-fp8").hw.peak_flops == 5000e12);
+    CHECK(gb.hw.pcie_bw == 360e9);
+    for (const char* model : {"qwen2.5-7b", "llama-3.3-70b-fp8", "llama-3.1-8b", "opt-13b"}) CHECK_NOTHROW(validate(model_preset(model)));
+}
+
+// Proves build/sim_anchors --json has at least 26 published rows, each with its source and its set (fit or holdout), both sets present, at least 4 rows comparing preemptions, and the fit and holdout errors as numbers.
+TEST_CASE("build/sim_anchors --json: rows, sources, fit and holdout") {
+    const std::string exe = pkv_test::need_program("sim_anchors");
+    if (exe.empty()) return;
+    const auto result = pkv_test::run_command(pkv_test::shell_quote(exe) + " --json 2>&1");
+    REQUIRE(result.second == 0);
+    const std::string& out = result.first;  // (a lambda may not capture a structured binding in clang 14)
+    auto count = [&](const std::string& needle) {
+        size_t n = 0;
+        for (size_t at = out.find(needle); at != std::string::npos; at = out.find(needle, at + 1)) ++n;
+        return n;
+    };
+    const size_t rows = count("\"id\":");
+    CHECK(rows >= 26);
+    CHECK(count("\"source\":\"") == rows);
+    CHECK(count("\"set\":\"fit\"") + count("\"set\":\"holdout\"") == rows);
+    CHECK(count("\"set\":\"fit\"") > 0);
+    CHECK(count("\"set\":\"holdout\"") > 0);
+    CHECK(count("\"published_preemptions\":") >= 4);
+    CHECK(count("\"error\":") == 0);  // every row ran
+    for (const char* key : {"\"fit\":{\"rows\":", "\"holdout\":{\"rows\":", "\"median_abs_error\":", "\"max_abs_error\":"})
+        CHECK(out.find(key) != std::string::npos);
+}
+
 }  // TEST_SUITE

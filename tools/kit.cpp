@@ -977,16 +977,18 @@ std::vector<Question> questions() {
                  "overload", {"--prefix-caching", "on"},
                  [](const Json& j) { return j["metrics"]["prefix_cache_hits"].as_number(); }, 0});
     q.push_back({"q3",
-                 "On a simulated L4 whose host link is cut to 2 GB/s, the preemption study runs each sequence\n"
-                 "length with recompute and with swap. From which length on does swap (with ample swap space)\n"
-                 "finish the workload sooner than recompute? Give the first such length.",
+                 "On a simulated L4 whose host link is cut to 2 GB/s, the preemption study's part two brings one\n"
+                 "victim of each length back with recompute and with swap. From which length on does swap finish\n"
+                 "sooner than recompute? Give the first such length.",
                  "study", {"preemption", "--device", "sim", "--gpu", "l4", "--pcie-gbps", "2"},
                  [](const Json& j) {
-                     // rows: length, link, mode, ..., "makespan s"; the first
-                     // "swap" row of a length against its "recompute" row.
+                     // rows: part, length, link, mode, ..., "makespan s"; in
+                     // part two, the first "swap" row of a length against its
+                     // "recompute" row.
                      std::map<double, double> rec, swp;
                      std::vector<double> order;
                      for (const Json& row : j["table"].array) {
+                         if (row["part"].string != "2") continue;
                          const double len = row["length"].as_number();
                          const std::string mode = row["mode"].string;
                          const double t = row["makespan s"].as_number();

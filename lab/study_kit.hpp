@@ -283,6 +283,13 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
     return r;
 }
 
+// Victims swapped out and back in so far, by a lab policy that swaps
+// (lab/swap.hpp's counters); 0 under any other.
+inline long swaps_of(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats().num_swap_outs + lab->stats().num_swap_ins : 0;
+}
+
 // Runs `sc` to the end on `env` and measures it. With several replicas a
 // router sends each arriving request to one of them, looking at the
 // replicas' state at the arrival time; the replicas run side by side in
@@ -405,7 +412,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         const double t0 = rep.clock->t;
         // (The counters alone: a Metrics also holds every latency sample.)
         const pkv::Metrics& m0 = rep.engine->metrics();
-        const long recomputed0 = m0.recomputed_tokens_total, swaps0 = m0.num_swap_outs + m0.num_swap_ins, prompt0 = m0.prompt_tokens_total;
+        const long recomputed0 = m0.recomputed_tokens_total, swaps0 = swaps_of(*rep.engine), prompt0 = m0.prompt_tokens_total;
         step_gaps.clear();
         step_token_reqs.clear();
         rep.clock->begin_step();
@@ -416,7 +423,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         const pkv::Metrics& after = rep.engine->metrics();
         StallCounts& st = stalls[(size_t)k_min];
         st.recompute += after.recomputed_tokens_total > recomputed0;
-        st.swap += after.num_swap_outs + after.num_swap_ins > swaps0;
+        st.swap += swaps_of(*rep.engine) > swaps0;
         st.prefill += after.prompt_tokens_total > prompt0;
         // Each gap ended in this step: the first kind of stall that ran
         // since the request's previous token, up to and including this step.

@@ -582,13 +582,11 @@ TEST_CASE("host work: added, overlapped or spread over several steps") {
     SimConfig sc = sim_config("h200", "llama-3-8b");
     sc.host = find_preset(host_profiles(), "vllm", "host profile");
     SimRunner r(sc);
-    r.init_kv_cache(KVGeometry{32, 64, 16, 8, 128, KVDtype::kF16}, 16);
+    r.init_kv_cache(KVGeometry{32, 64, 16, 8, 128, KVDtype::kF16});
     ForwardBatch b;
     for (int i = 0; i < 4; ++i) {
         const int32_t tok = 5;
         b.add_sequence({i}, 16, &tok, 3, 1, true);
-        b.logits_seed.push_back(1);
-        b.logits_output_index.push_back(0);
     }
     std::vector<int32_t> out;
     r.forward_argmax(b, out);

@@ -65,8 +65,8 @@ struct ForwardBatch {
             throw std::logic_error("add_sequence: block table too short for its tokens");
         const int seq = num_seqs_++;
         if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
-        block_tables.resize(block_tables.size() + max_blocks_per_seq, -1);
-        std::copy(table.begin(), table.end(), block_tables.end() - max_blocks_per_seq);
+        block_tables.insert(block_tables.end(), table.begin(), table.end());
+        block_tables.insert(block_tables.end(), (size_t)max_blocks_per_seq - table.size(), -1);
         for (int i = 0; i < n; ++i) {
             token_ids.push_back(tokens[i]);
             positions.push_back(first_pos + i);

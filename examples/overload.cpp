@@ -33,14 +33,14 @@
 
 namespace {
 
-using study::Json;
+using workload::Json;
 
 // ============================================================================
-// The options: the engine's and the workload's knobs (study::Setup,
+// The options: the engine's and the workload's knobs (workload::Setup,
 // examples/workload.hpp, with this demo's defaults), and this program's own.
 // ============================================================================
 
-struct Options : study::Setup {
+struct Options : workload::Setup {
     std::string checkpoint, tokenizer, gpu = "h200";
     bool json = false, no_lanes = false;
     Options() { swap_space_blocks = 64; }
@@ -52,8 +52,8 @@ Options parse(int argc, char** argv) {
                   "Many requests, all arriving at once, on a deliberately small KV cache (built-in model by default).");
     p.positional(&o.checkpoint, "checkpoint");
     p.text("-z", &o.tokenizer, "FILE", "tokenizer for a checkpoint");
-    study::add_workload_flags(p, o);
-    study::add_engine_flags(p, o);
+    workload::add_workload_flags(p, o);
+    workload::add_engine_flags(p, o);
     std::vector<std::pair<std::string, std::string>> gpus;
     for (const auto& g : pkv::gpu_presets()) gpus.push_back({g.name, g.name});
     p.choice("--gpu", &o.gpu, gpus, "the GPU --device sim simulates (cost_model.hpp); this model's own shape and f32 weights");
@@ -63,7 +63,7 @@ Options parse(int argc, char** argv) {
     p.flag("--json", &o.json, "one JSON object on stdout (requests + metrics), nothing else");
     p.parse(argc, argv);
     if (!o.tokenizer.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
-    study::check_workload(o);
+    workload::check_workload(o);
     return o;
 }
 
@@ -246,7 +246,7 @@ void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) 
     }
     const auto& itl = m.inter_token_latency;
     if (sim) std::printf("\nmetrics (simulated time on %s: every duration below is modelled, not measured):\n", opt.gpu.c_str());
-    else std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", opt.math == pkv::MathPath::kFast ? study::cpu_threads() : 1);
+    else std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", opt.math == pkv::MathPath::kFast ? workload::cpu_threads() : 1);
     std::printf("  requests                 %d finished, %ld rejected, of %d\n", finished, m.num_requests_rejected, opt.requests);
     std::printf("  num_preemptions_total    %ld  (%d requests preempted at least once, at most %d times)\n", m.num_preemptions_total,
                 preempted_reqs, max_pre);
@@ -278,9 +278,9 @@ void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) 
 // and a check: the tokens must be the same (greedy argmax of float32 logits
 // could only differ on a near-tie, which this would report).
 void compare_with_cpu(pkv::Engine& eng, const Options& opt, const pkv::ModelAndTokenizer& mt, double wall) {
-    const std::unique_ptr<pkv::Engine> engine = study::make_engine(opt, pkv::make_model_runner(pkv::Device::kCpu, mt.model, opt.math));
+    const std::unique_ptr<pkv::Engine> engine = workload::make_engine(opt, pkv::make_model_runner(pkv::Device::kCpu, mt.model, opt.math));
     pkv::Engine& cpu = *engine;
-    study::add_workload(cpu, mt.tok, opt);
+    workload::add_workload(cpu, mt.tok, opt);
     const auto c0 = std::chrono::steady_clock::now();
     cpu.run_until_done();
     const double cpu_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
@@ -303,13 +303,13 @@ int run(int argc, char** argv) {
     sim_opts.gpu = opt.gpu;
     sim_opts.clock = &sim_clock;
     const std::unique_ptr<pkv::Engine> engine =
-        study::make_engine(opt, pkv::make_model_runner(opt.device, mt.model, opt.math, sim_opts), sim ? &sim_clock : nullptr);
+        workload::make_engine(opt, pkv::make_model_runner(opt.device, mt.model, opt.math, sim_opts), sim ? &sim_clock : nullptr);
     pkv::Engine& eng = *engine;
     const bool show = !opt.json;
     if (show) {
         std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
                     mt.model.cfg.vocab_size);
-        std::printf("%s\n", study::startup_summary(eng).c_str());
+        std::printf("%s\n", workload::startup_summary(eng).c_str());
         std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
                     opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs, pkv::to_string(opt.policy.admission),
                     opt.prefix_caching ? "on" : "off");
@@ -320,7 +320,7 @@ int run(int argc, char** argv) {
     Streams streams(mt.tok, opt.requests);
     eng.on_event = [&](const pkv::StreamEvent& e) { streams.on_event(e); };
 
-    const std::vector<std::vector<int32_t>> prompts = study::add_workload(eng, mt.tok, opt);
+    const std::vector<std::vector<int32_t>> prompts = workload::add_workload(eng, mt.tok, opt);
     for (int i = 0; i < opt.requests; ++i) {
         streams.prev_token[(size_t)i] = prompts[(size_t)i].back();
         if (show && eng.request(i)->finish_reason == pkv::FinishReason::kRejected)

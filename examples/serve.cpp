@@ -173,7 +173,7 @@ std::chrono::nanoseconds seconds(double s) { return std::chrono::duration_cast<s
 // 1. Options
 // ============================================================================
 
-// The engine's knobs are study::Setup's (examples/workload.hpp), with `make
+// The engine's knobs are workload::Setup's (examples/workload.hpp), with `make
 // run`'s defaults: 40 blocks of 16 tokens, max_num_seqs 16, so that
 // build/loadgen's default workload (make run's, over HTTP) preempts here as
 // it does there. The rest is the HTTP edge.
@@ -185,7 +185,7 @@ std::chrono::nanoseconds seconds(double s) { return std::chrono::duration_cast<s
 // preemption pause is over before a human watching curl could see it; a
 // delay of 50-100 ms per step slows everything down evenly, and the pause
 // becomes something you watch happen.
-struct Options : study::Setup {
+struct Options : workload::Setup {
     std::string checkpoint, tokenizer, model_name;
     std::string host = "127.0.0.1";
     int port = 8000;
@@ -236,10 +236,10 @@ Options parse(int argc, char** argv) {
     p.text("--host", &o.host, "ADDR", "address to listen on; anything but 127.0.0.1 exposes the server to the network");
     p.integer("--port", &o.port, 0, 65535, "TCP port; 0 = any free port (printed at startup)");
     p.text("--model-name", &o.model_name, "NAME", "the model id clients name (default: 'built-in', or the checkpoint's file name without .bin)");
-    p.integer("--num-blocks", &o.num_blocks, 1, study::kMaxBlocks, "KV cache blocks");
+    p.integer("--num-blocks", &o.num_blocks, 1, workload::kMaxBlocks, "KV cache blocks");
     p.integer("--block-size", &o.block_size, 1, pkv::kMaxBlockSize, "tokens per block");
-    p.integer("--max-num-batched-tokens", &o.max_num_batched_tokens, 1, study::kMaxLen, "token budget per step");
-    study::add_engine_flags(p, o);
+    p.integer("--max-num-batched-tokens", &o.max_num_batched_tokens, 1, workload::kMaxLen, "token budget per step");
+    workload::add_engine_flags(p, o);
     p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU)");
     pkv::add_math_flag(p, &o.math);
@@ -1564,7 +1564,7 @@ int run(int argc, char** argv) {
 
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer);
     opts.keep_latency_samples = false;  // histograms only: flat memory however long we run
-    const std::unique_ptr<pkv::Engine> engine = study::make_engine(o, pkv::make_model_runner(o.device, mt.model, o.math));
+    const std::unique_ptr<pkv::Engine> engine = workload::make_engine(o, pkv::make_model_runner(o.device, mt.model, o.math));
     pkv::Engine& eng = *engine;
     if (o.log_interval > 0) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
     net::io_context io(1);  // one thread runs it: the handlers need no locks among themselves
@@ -1573,7 +1573,7 @@ int run(int argc, char** argv) {
 
     std::printf("model: %s (id \"%s\": dim %d, %d layers, vocab %d)\n", mt.name.c_str(), o.model_name.c_str(), mt.model.cfg.dim,
                 mt.model.cfg.n_layers, mt.model.cfg.vocab_size);
-    std::printf("%s\n", study::startup_summary(eng).c_str());
+    std::printf("%s\n", workload::startup_summary(eng).c_str());
     std::printf("edge: %d completions at once, up to %d connections open, requests within %s s (silent at most %s s), headers up to %d KiB, "
                 "bodies up to %d KiB, %s\n",
                 o.max_connections, o.max_open_connections, cli::number_text(o.request_timeout).c_str(), cli::number_text(o.read_timeout).c_str(),

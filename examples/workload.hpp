@@ -39,7 +39,7 @@
 #include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
-namespace study {
+namespace workload {
 
 // ============================================================================
 // 1. The knobs
@@ -351,4 +351,4 @@ private:
     std::string s_;
 };
 
-}  // namespace study
+}  // namespace workload

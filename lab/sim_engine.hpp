@@ -4,7 +4,7 @@
 // the same thing: an Engine over a SimRunner, its KV pool sized as vLLM sizes
 // it -- what the GPU holds after the weights and the activation reserve
 // (cost_model.hpp section 3) -- and its clock the simulated one. This is that
-// recipe, once, on top of the knobs every program shares (study::EngineKnobs,
+// recipe, once, on top of the knobs every program shares (workload::EngineKnobs,
 // examples/workload.hpp).
 #pragma once
 
@@ -17,6 +17,9 @@
 #include "lab/sim_runner.hpp"
 
 namespace study {
+
+// The knobs, workloads and helpers every program shares (examples/workload.hpp).
+using namespace workload;
 
 // The EngineConfig of `knobs` for an engine on `runner`: the cache's element
 // type is the simulated model's, and num_blocks 0 means vLLM's rule (the

@@ -51,6 +51,9 @@
 
 namespace study {
 
+// The knobs, workloads and helpers every program shares (examples/workload.hpp).
+using namespace workload;
+
 // ============================================================================
 // 1. The device
 // ============================================================================
@@ -136,7 +139,7 @@ enum class Router { kRoundRobin, kLeastKv };
 inline const char* to_string(Router r) { return r == Router::kRoundRobin ? "round-robin" : "least-KV-usage"; }
 
 // One configuration a study runs: engine knobs (per replica) and traffic.
-// The engine knobs are study::EngineKnobs (examples/workload.hpp), with one
+// The engine knobs are workload::EngineKnobs (examples/workload.hpp), with one
 // difference: num_blocks 0 = the device's whole pool (the sim: vLLM's rule);
 // the CPU needs a number. kv_dtype is the CPU's cache type; the sim uses its
 // model's, unless kv_bytes_override.

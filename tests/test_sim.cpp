@@ -59,8 +59,8 @@ struct Ev {
 
 // How a simulated engine is built and fed (the same recipe as
 // lab/sim_scale.cpp): the engine knobs every program uses
-// (study::EngineKnobs), with a simulated GPU's defaults.
-struct SimSetup : study::EngineKnobs {
+// (workload::EngineKnobs), with a simulated GPU's defaults.
+struct SimSetup : workload::EngineKnobs {
     SimSetup() {
         max_num_seqs = 256;
         max_num_batched_tokens = 8192;

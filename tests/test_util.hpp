@@ -56,7 +56,7 @@ inline int swap_slots_in_use(const pkv::Scheduler& s) {
 // (examples/workload.hpp's make_engine).
 inline std::unique_ptr<pkv::Engine> engine_with(const pkv::EngineConfig& ec, const pkv::PolicyConfig& p,
                                                 std::unique_ptr<pkv::ModelRunner> runner, pkv::Clock* clock = nullptr) {
-    return study::make_engine(ec, p, std::move(runner), clock);
+    return workload::make_engine(ec, p, std::move(runner), clock);
 }
 // The swap counters of an engine's lab policy; zeros under any other.
 inline pkv::SwapStats swap_stats(const pkv::Engine& eng) {

@@ -1,4 +1,4 @@
-// engine.hpp -- chapters 6 and 7: the step loop, and what the client sees.
+// engine.hpp -- chapters 5 and 6: the step loop, and what the client sees.
 //
 //   step():  schedule -> build the flat batch -> forward -> sample ->
 //            append tokens -> stream them -> finish and free

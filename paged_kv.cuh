@@ -1,5 +1,5 @@
 // paged_kv.cuh -- where keys and values live, and how attention reads them
-// through block tables (TUTORIAL.md chapters 1, 2 and 8).
+// through block tables (TUTORIAL.md chapters 1, 7 and 8).
 //
 // The block pool (core/block_pool.hpp) decides *which* block a token position
 // uses; this header is about the bytes inside those blocks:

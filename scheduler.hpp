@@ -1,4 +1,4 @@
-// scheduler.hpp -- chapters 3, 4 and 5: who runs this step, and what happens
+// scheduler.hpp -- chapters 2, 3 and 4: who runs this step, and what happens
 // when the KV cache runs out of free blocks.
 //
 // A paged engine admits a request on the blocks it needs *now* (its prompt),

@@ -1,4 +1,4 @@
-// core/clock.hpp -- chapter 7: where the engine's timestamps come from.
+// core/clock.hpp -- chapter 6: where the engine's timestamps come from.
 //
 // Every timestamp the engine records comes from a Clock. The default is the
 // wall clock; tests use a manual clock that advances one unit per step, so

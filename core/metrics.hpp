@@ -1,6 +1,6 @@
-// core/metrics.hpp -- chapter 7: what an operator sees: counters, gauges,
+// core/metrics.hpp -- chapter 6: what an operator sees: counters, gauges,
 // latency samples, the periodic log line and the Prometheus text. Read with
-// engine.hpp (chapters 6 and 7), which fills these numbers in once per step.
+// engine.hpp (chapters 5 and 6), which fills these numbers in once per step.
 //
 // Two kinds of numbers, as in Prometheus: counters only ever grow (compare two
 // scrapes to get a rate), gauges are "as of now". The TUTORIAL reads thrash off

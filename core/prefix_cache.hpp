@@ -1,4 +1,4 @@
-// core/prefix_cache.hpp -- chapter 1 (and 5): what a new or a resumed
+// core/prefix_cache.hpp -- chapter 4: what a new or a resumed
 // request can skip computing, because its prefix's K/V are still in the cache.
 //
 // A freed block keeps its K/V until someone overwrites it. If we remember

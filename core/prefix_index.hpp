@@ -1,4 +1,4 @@
-// core/prefix_index.hpp -- chapter 1: the prefix cache's index, which full
+// core/prefix_index.hpp -- chapter 4: the prefix cache's index, which full
 // block holds which tokens.
 //
 // When prefix caching is on, a full block whose K/V are computed gets a name:

@@ -234,7 +234,7 @@ void print_streams(pkv::Engine& eng, const Streams& streams, bool sim) {
     if (shown == 0) std::printf("  (no request was preempted in this run)\n");
 }
 
-// The metrics table: the signals of TUTORIAL chapter 7.
+// The metrics table: the signals of TUTORIAL chapter 6.
 void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) {
     const pkv::Metrics& m = eng.metrics();
     int finished = 0, preempted_reqs = 0, max_pre = 0;

@@ -1,5 +1,5 @@
 // tiny_model/forward_batch.hpp -- the flat batch: what the engine hands a
-// model runner each step (chapter 2).
+// model runner each step (chapter 7).
 //
 // The batch is vLLM V1's shape: no [batch, seq] padding, just a list of tokens.
 // Each token carries its id, its position in its own sequence, the slot its K/V

@@ -1,4 +1,4 @@
-// tiny_model/sampler.hpp -- chapter 2: from logits to one token: greedy,
+// tiny_model/sampler.hpp -- chapter 7: from logits to one token: greedy,
 // temperature, top-p (nucleus), as llama2.c's run.c does it.
 //
 // The one random number a sample needs (the "coin", uniform in [0,1)) is passed

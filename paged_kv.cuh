@@ -17,8 +17,8 @@
 //
 // The faster readers of the cache live in lab/ and are chosen by the device
 // factory (examples/devices.hpp): paged_attention_cpu (lab/fast_cpu.hpp),
-// bit-identical to section 3, and vLLM v2's partition + merge pair
-// (lab/attention_partitioned.cuh).
+// bit-identical to section 3, and the partition + merge pair of vLLM's
+// paged_attention v2 (lab/attention_partitioned.cuh).
 //
 // Read it top to bottom; each section only uses what came before it.
 #pragma once
@@ -66,8 +66,9 @@ namespace pkv {
 //   [num_blocks, block_size, num_kv_heads, head_dim]
 // so one token's vectors for all kv heads sit next to each other, and one head
 // vector (head_dim floats) is contiguous: the unit every attention loop reads.
-// vLLM's CUDA backend splits head_dim further ("x" packing) for 16-byte loads;
-// we keep the plain layout because it reads the same on paper and in code.
+// vLLM's legacy CUDA kernels (paged_attention v1/v2) split head_dim further
+// ("x" packing) for 16-byte loads; we keep the plain layout because it reads
+// the same on paper and in code.
 
 struct KVGeometry {
     int num_layers = 0;
@@ -283,7 +284,7 @@ inline void paged_attention_ref(float* out, const float* q, const float* k_cache
 // 4. The CUDA kernels
 // ============================================================================
 //
-// Two operations touch the cache, exactly as in vLLM: one writes it
+// Two operations touch the cache, as in vLLM's legacy kernels: one writes it
 // (reshape_and_cache), one reads it (paged_attention). Both are ordinary CUDA;
 // under g++ they run emulated (core/emu/cuda_shim.hpp), which is how `make test`
 // checks them against section 3 on a machine with no GPU. Each is a function
@@ -371,8 +372,8 @@ struct AttentionArgs {
 //      into its registers, in order of j.
 // At the end, out = acc / sum. Everything is float32.
 //
-// What production kernels add on top: vLLM's paged_attention v2 splits a long
-// context across several thread blocks ("split-KV", then a reduction kernel)
+// What production kernels add on top: vLLM's legacy paged_attention v2
+// splits a long context across thread blocks ("split-KV", then a reduction)
 // so a single decode fills the GPU, and uses warp shuffles for the dot
 // products. Both are in lab/attention_partitioned.cuh, which the programs run
 // by default (examples/devices.hpp chooses it); this kernel is the one to read

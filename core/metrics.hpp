@@ -53,11 +53,11 @@ struct Histogram {
     }
 };
 
-// vLLM's bucket ladders (vllm/v1/metrics/loggers.py, vLLM 0.10), one per
-// kind of latency, so that a vLLM dashboard's histogram_quantile reads ours
-// the same way: time to first token from 1 ms, the gap between two tokens
-// from 10 ms, whole requests (and their queue, prefill and decode phases)
-// from 0.3 s.
+// vLLM's bucket ladders (vllm/v1/metrics/loggers.py, read at a v0.9-era
+// commit, 005a810; not re-read at v0.28), one per kind of latency, so that a
+// vLLM dashboard's histogram_quantile reads ours the same way: time to first
+// token from 1 ms, the gap between two tokens from 10 ms, whole requests
+// (and their queue, prefill and decode phases) from 0.3 s.
 inline std::vector<double> ttft_buckets() {
     return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 }

@@ -13,8 +13,9 @@
 // For the key question you may read find_cached_prefix's contract and skip
 // the rest: a request is admitted with its longest cached prefix already
 // computed (scheduler.hpp, try_admit), and its blocks enter the cache once
-// their K/V are written (Scheduler::on_computed). vLLM V1 does the same in
-// kv_cache_manager.py (get_computed_blocks) and block_pool.py (cache_full_blocks).
+// their K/V are written (Scheduler::on_computed). vLLM finds the prefix in
+// kv_cache_manager.py (get_computed_blocks) and names blocks in block_pool.py
+// (cache_full_blocks), as soon as allocate_slots hands them out.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,10 @@ namespace pkv {
 // requests that share tokens 32..47 but not 0..31 must not share block 2.
 // Only full blocks are hashed -- a partial tail block is still being written.
 //
-// The hash is FNV-1a-style mixing over 64 bits; vLLM uses sha256 or a builtin
-// hash of a Python tuple. Whatever the function, collisions are possible, which
-// is why PrefixIndex::lookup also compares parent hash and tokens.
+// The hash is FNV-1a-style mixing over 64 bits; vLLM uses SHA-256 by default
+// (prefix_caching_hash_algo: sha256, sha256_cbor, xxhash or xxhash_cbor).
+// Whatever the function, collisions are possible, which is why
+// PrefixIndex::lookup also compares parent hash and tokens.
 
 inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, int block_size, uint64_t mask) {
     uint64_t h = 1469598103934665603ull ^ parent_hash;

@@ -102,7 +102,7 @@ struct PolicyConfig {
     // many are already waiting. 0 = unbounded queue. A fast "try again"
     // instead of a stream that stalls behind a queue the engine cannot drain.
     int max_waiting = 0;
-    // Host swap space, in blocks (vLLM's CacheConfig.swap_space), for kSwap.
+    // Host swap space, in blocks (vLLM V0's CacheConfig.swap_space), for kSwap.
     int swap_space_blocks = 0;
 
     bool is_card() const {

@@ -63,8 +63,10 @@ struct SimConfig {
     // The engine's host work per step (cost_model.hpp section 4c); none by
     // default: only the GPU's step is charged.
     HostProfile host;
-    // vLLM's gpu_memory_utilization, and the two scheduler limits its
-    // activation reserve depends on (cost_model.hpp section 3).
+    // vLLM's gpu_memory_utilization (its default was 0.9 through at least
+    // v0.11; its newest config says 0.92, a change we did not date), and the
+    // two scheduler limits its activation reserve depends on (cost_model.hpp
+    // section 3).
     double memory_utilization = 0.9;
     int max_num_batched_tokens = 8192, max_num_seqs = 256;
 };

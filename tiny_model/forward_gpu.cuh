@@ -387,7 +387,7 @@ private:
             math_->gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
             launch(rope_kernel<>, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
             // The only write to the KV cache, then the only read: exactly the
-            // pair of kernels vLLM has (reshape_and_cache, paged_attention).
+            // pair of vLLM's legacy kernels (reshape_and_cache, paged_attention).
             // Both go through block tables and slot_mapping, never through a
             // contiguous per-sequence buffer.
             reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T);

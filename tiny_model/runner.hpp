@@ -181,10 +181,11 @@ inline std::vector<std::string> forward_isolating(ModelRunner& runner, const For
 // memory left after profiling into blocks; we take a block count, or a byte
 // budget (kv_cache_bytes > 0: f16 then gets twice the blocks of f32), and
 // check it against what the runner can give. vLLM defaults max_model_len to
-// the model's context and refuses to start when the cache cannot hold one
-// such sequence; we cap it to the pool instead (the startup line says so),
-// so a demo with a tiny pool still starts. An explicit max_model_len is
-// never changed, only checked against the model's context.
+// the model's context and, unless told to fit it, refuses to start when the
+// cache cannot hold one such sequence; we cap it to the pool instead (the
+// startup line says so), so a demo with a tiny pool still starts. An
+// explicit max_model_len is never changed, only checked against the model's
+// context.
 struct KVCacheSpec {
     int num_blocks, block_size;
     KVDtype dtype;

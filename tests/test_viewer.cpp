@@ -153,7 +153,7 @@ std::string chromium(const std::string& exe, const std::string& what, const std:
     const std::string cmd = "timeout 60 " + exe +
                             " --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking"
                             " --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir=" + profile +
-                            " --window-size=1400,1100 " + what + " " + shell_quote(url) + " 2>" + profile + ".err";
+                            " --window-size=1400,1250 " + what + " " + shell_quote(url) + " 2>" + profile + ".err";
     const auto [out, rc] = pkv_test::run_command(cmd);
     const std::string err = slurp(profile + ".err");
     pkv_test::run_command("rm -rf " + shell_quote(profile) + " " + shell_quote(profile + ".err"));
@@ -616,7 +616,7 @@ TEST_CASE("a headless browser over make view's page: the totals, the first preem
         const std::string png = dir + "/" + name;
         std::filesystem::remove(png);
         chromium(exe, "--screenshot=" + png, url + frag);
-        CHECK_MESSAGE(png_size(png) == std::make_pair(1400, 1100), png);
+        CHECK_MESSAGE(png_size(png) == std::make_pair(1400, 1250), png);
     }
 }
 

@@ -292,15 +292,18 @@ function stateOf(q, rec) {
 }
 
 // Each stream as its client has read it up to this step: the tokens, and a
-// mark where it paused. Tokens of this very step are underlined.
+// mark where it paused. Tokens of this very step are underlined. The paused
+// streams come first, then the running, the waiting and the ended ones.
+const STATE_ORDER = { paused: 0, running: 1, waiting: 2 };
 function renderStreams(rec) {
   const box = $('streams');
   box.textContent = '';
-  const ids = [...run.requests.keys()].sort((a, b) => a - b);
-  for (const id of ids) {
-    const q = run.requests.get(id);
-    if (!q.pieces.length && !rec.running.includes(id) && !rec.waiting.includes(id) && !(q.end && q.end.step <= rec.step)) continue;
-    const state = stateOf(q, rec);
+  const shown = [...run.requests.values()]
+    .filter((q) => q.pieces.length || rec.running.includes(q.id) || rec.waiting.includes(q.id) || (q.end && q.end.step <= rec.step))
+    .map((q) => ({ q, state: stateOf(q, rec) }))
+    .sort((a, b) => (STATE_ORDER[a.state] ?? 3) - (STATE_ORDER[b.state] ?? 3) || a.q.id - b.q.id);
+  for (const { q, state } of shown) {
+    const id = q.id;
     const row = el('div', { class: 'stream', 'data-req': id, 'data-state': state });
     row.append(el('span', { class: 'swatch ' + colour(id) }, rname(id)), el('span', { class: 'state' }, state + (q.end && q.end.step <= rec.step && q.end.reason ? ' (' + q.end.reason + ')' : '')));
     const text = el('span', { class: 'text' });
@@ -371,7 +374,7 @@ function svg(tag, attrs) {
 }
 
 const charts = (function () {
-  const W = 420, H = 170, L = 46, R = 10, T = 20, B = 24;
+  const W = 420, H = 140, L = 46, R = 10, T = 20, B = 22;
   const box = $('charts');
   const list = [];
   function frame(title) {

@@ -119,8 +119,8 @@ public:
     LogCallback on_log;       // the periodic vLLM-style log line
     // An observer of each step's decision, right after schedule() and before
     // the forward pass: who runs with how many tokens, who was preempted or
-    // resumed. Empty by default (it costs one test then); examples/viewer/
-    // records a run with it. It may read the engine, not change it.
+    // resumed. Empty by default (it costs one test then); the viewer's
+    // recorder (examples/recorder.hpp) uses it. It may read the engine, not change it.
     std::function<void(const SchedulerOutput&)> on_schedule;
 
     // What examples and tests read. Nothing here changes state: a request

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "examples/workload.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace viewer {
@@ -132,17 +133,9 @@ inline std::string valid_utf8(std::string_view s) {
     return o;
 }
 
-// A JSON string: quotes, backslashes and control characters escaped.
-inline std::string quote(std::string_view raw) {
-    const std::string s = valid_utf8(raw);
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') { o += '\\'; o += (char)c; }
-        else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); o += b; }
-        else o += (char)c;
-    }
-    return o + "\"";
-}
+// A JSON string (study::Json::quote escapes it), of valid UTF-8.
+inline std::string quote(std::string_view raw) { return study::Json::quote(valid_utf8(raw)); }
+
 // A number: JSON has no NaN or infinity; seconds keep microseconds.
 inline std::string num(double v) {
     if (!(v == v) || v > 1e300 || v < -1e300) return "null";

@@ -96,9 +96,10 @@ std::string slurp(const std::string& path) {
 std::string overload(const std::string& args, const std::string& err_path = "/dev/null") {
     const std::string exe = pkv_test::need_program("overload");
     if (exe.empty()) return "";
-    const auto [out, rc] = pkv_test::run_command("timeout 120 " + exe + " " + args + " 2>" + err_path);
-    REQUIRE_MESSAGE(rc == 0, "build/overload " << args << " failed:\n" << slurp(err_path));
-    return out;
+    // (no structured bindings: clang 14 cannot capture them in doctest's lambdas)
+    const std::pair<std::string, int> r = pkv_test::run_command("timeout 120 " + exe + " " + args + " 2>" + err_path);
+    REQUIRE_MESSAGE(r.second == 0, "build/overload " << args << " failed:\n" << slurp(err_path));
+    return r.first;
 }
 
 // The run's data, as the page holds it: the JSON between <script
@@ -136,8 +137,8 @@ std::pair<long, std::vector<int>> first_preemption_in_lanes(const std::string& o
 // Debian's chromium, or "" after recording a skip. CI installs it
 // (tests/get_chromium.sh) and sets PAGEDKV_REQUIRE_BROWSER=1.
 std::string need_chromium() {
-    const auto [path, rc] = pkv_test::run_command("command -v chromium 2>/dev/null");
-    if (rc == 0 && !path.empty()) return path.substr(0, path.find('\n'));
+    const std::pair<std::string, int> r = pkv_test::run_command("command -v chromium 2>/dev/null");
+    if (r.second == 0 && !r.first.empty()) return r.first.substr(0, r.first.find('\n'));
     pkv_test::skip(pkv_test::SkipKind::kBrowser, "chromium not found: tests/get_chromium.sh installs it (Debian's chromium)");
     return "";
 }
@@ -154,11 +155,11 @@ std::string chromium(const std::string& exe, const std::string& what, const std:
                             " --headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking"
                             " --disable-component-update --disable-sync --disable-dev-shm-usage --user-data-dir=" + profile +
                             " --window-size=1400,1250 " + what + " " + shell_quote(url) + " 2>" + profile + ".err";
-    const auto [out, rc] = pkv_test::run_command(cmd);
+    const std::pair<std::string, int> r = pkv_test::run_command(cmd);
     const std::string err = slurp(profile + ".err");
     pkv_test::run_command("rm -rf " + shell_quote(profile) + " " + shell_quote(profile + ".err"));
-    REQUIRE_MESSAGE(rc == 0, "chromium failed (" << rc << "): " << err.substr(0, 2000));
-    return out;
+    REQUIRE_MESSAGE(r.second == 0, "chromium failed (" << r.second << "): " << err.substr(0, 2000));
+    return r.first;
 }
 
 // The attributes of every start tag in `html` with attribute `has`.
@@ -322,9 +323,10 @@ long preempted_events(const std::vector<json>& records) {
 json loadgen(int port, const std::string& args = "") {
     const std::string exe = pkv_test::need_program("loadgen");
     REQUIRE(!exe.empty());
-    const auto [out, rc] = pkv_test::run_command("timeout 120 " + exe + " --port " + std::to_string(port) + " --json " + args + " 2>/dev/null");
-    REQUIRE_MESSAGE(rc == 0, "build/loadgen failed:\n" << out.substr(0, 2000));
-    return json::parse(out);
+    const std::pair<std::string, int> r =
+        pkv_test::run_command("timeout 120 " + exe + " --port " + std::to_string(port) + " --json " + args + " 2>/dev/null");
+    REQUIRE_MESSAGE(r.second == 0, "build/loadgen failed:\n" << r.first.substr(0, 2000));
+    return json::parse(r.first);
 }
 
 }  // namespace
@@ -559,7 +561,9 @@ TEST_CASE("a headless browser over make view's page: the totals, the first preem
     const std::string lanes = overload("--view " + shell_quote(view));
     if (lanes.empty()) return;
     const json m = json::parse(overload("--json"))["metrics"];
-    const auto [first_step, victims] = first_preemption_in_lanes(lanes);
+    const std::pair<long, std::vector<int>> first = first_preemption_in_lanes(lanes);
+    const long first_step = first.first;
+    const std::vector<int>& victims = first.second;
     REQUIRE(first_step > 0);
     REQUIRE(!victims.empty());
     const std::string url = "file://" + view;
@@ -628,10 +632,10 @@ TEST_CASE("serve: /view's event stream reports the preemptions /metrics counts, 
     SigpipeGuard guard;
     ServeProcess srv({});  // make run's cache: loadgen's default workload preempts
     if (!srv.running()) return;
-    const auto [status, page] = get(srv, "/view");
-    CHECK(status == 200);
-    CHECK(page.find("\"mode\":\"live\"") != std::string::npos);
-    CHECK(page.find("/*@DATA@*/") == std::string::npos);
+    const std::pair<int, std::string> page = get(srv, "/view");
+    CHECK(page.first == 200);
+    CHECK(page.second.find("\"mode\":\"live\"") != std::string::npos);
+    CHECK(page.second.find("/*@DATA@*/") == std::string::npos);
     ViewStream view(srv.port());
     // The page starts from a state record (the engine is idle: no step yet).
     REQUIRE(view.wait_for([](const std::vector<json>& r) { return !r.empty(); }, 20));

@@ -516,7 +516,8 @@ document.addEventListener('keydown', onKey);
 
 // A link to a moment: #step=N opens at step N; #keys=a,b,... then presses
 // those keys, in order, as a reader would (e.g. #keys=p: the first
-// preemption; #keys=End). The test drives the page through these.
+// preemption; #keys=End,shift+p: the last one). The test drives the page
+// through these.
 // (Read before the first step is drawn: drawing rewrites the address.)
 const address = new URLSearchParams(location.hash.slice(1));
 function fromAddress() {
@@ -526,9 +527,11 @@ function fromAddress() {
     const i = run.records.findIndex((r) => r.step >= step);
     go(i < 0 ? run.records.length - 1 : i);
   }
+  // (In an address '+' reads as a space: "shift+ArrowRight" arrives as "shift ArrowRight".)
   for (const key of (params.get('keys') || '').split(',').filter(Boolean)) {
-    const shift = key.startsWith('shift+') || (key.length === 1 && key !== key.toLowerCase());
-    document.dispatchEvent(new KeyboardEvent('keydown', { key: key.replace(/^shift\+/, ''), shiftKey: shift, bubbles: true }));
+    const shifted = /^shift[+ ]/.test(key), name = key.replace(/^shift[+ ]/, '');
+    const shift = shifted || (name.length === 1 && name !== name.toLowerCase());
+    document.dispatchEvent(new KeyboardEvent('keydown', { key: name, shiftKey: shift, bubbles: true }));
   }
 }
 
@@ -578,6 +581,9 @@ function startLive() {
     if (run.records.length > MAX_LIVE_RECORDS) {
       run.records.splice(0, run.records.length - MAX_LIVE_RECORDS);
       current = Math.max(0, current - 1);
+      // Requests that ended before the oldest record kept are forgotten too.
+      const oldest = run.records[0].step;
+      for (const [id, q] of run.requests) if (q.end && q.end.step < oldest) run.requests.delete(id);
     }
     if (follow) current = run.records.length - 1;
     // Draw at most once a frame however fast the records come.

@@ -322,6 +322,7 @@ std::unique_ptr<viewer::Recorder> make_recorder(pkv::Engine& eng, const Options&
 // The recording, written out. What was written goes to stderr: stdout may
 // be --json's.
 void write_recording(const viewer::Recorder& rec, const Options& opt) {
+    std::fflush(stdout);  // (the report first, on a terminal or in a pipe)
     if (!opt.view_path.empty()) {
         const std::string page = viewer::page(viewer::embedded_page(), rec.page_data());
         viewer::write_file(opt.view_path, page);
@@ -370,14 +371,14 @@ int run(int argc, char** argv) {
     }
     std::unique_ptr<LaneChart> chart = show && !opt.no_lanes ? std::make_unique<LaneChart>(opt.requests) : nullptr;
     const double wall = run_steps(eng, streams, chart.get(), sim ? &sim_clock : nullptr, rec.get());
-    if (rec) write_recording(*rec, opt);
     if (opt.json) {
         print_json(eng, opt, mt.name, prompts, wall);
-        return 0;
+    } else {
+        print_streams(eng, streams, sim);
+        print_metrics(eng, opt, wall, sim);
+        if (opt.device != pkv::Device::kCpu && !sim) compare_with_cpu(eng, opt, mt, wall);
     }
-    print_streams(eng, streams, sim);
-    print_metrics(eng, opt, wall, sim);
-    if (opt.device != pkv::Device::kCpu && !sim) compare_with_cpu(eng, opt, mt, wall);
+    if (rec) write_recording(*rec, opt);  // last: where the files went is the last thing said
     return 0;
 }
 

@@ -13,7 +13,8 @@
 //   - build/overload --view and --trace on make run's workload: --json
 //     unchanged by them, the page's data totals equal --json's, the page
 //     names no URL outside itself; the trace's spans are all closed, in time
-//     order per track, one preemption instant per preemption;
+//     order per track, one preemption instant per preemption; a path that
+//     cannot be written or a pool too large to draw is refused at the door;
 //   - a real headless browser (Debian's chromium) over that page: the
 //     totals it shows equal --json's, "p" steps to the first preemption of
 //     the lane chart, where each victim holds no block, its blocks are given
@@ -504,6 +505,32 @@ TEST_CASE("overload --view and --trace: --json unchanged, the page's data equals
                             "XMLHttpRequest", "import(", "srcset", "<base"})
         CHECK_MESSAGE(page.find(bad) == std::string::npos, "the page holds " << bad);
     CHECK(data["events_url"] == "");  // (a recorded page subscribes to nothing)
+}
+
+TEST_CASE("overload --view and --trace refuse, before the run, what they cannot write") {
+    const std::string exe = pkv_test::need_program("overload");
+    if (exe.empty()) return;
+    const std::string file = pkv_test::program_dir() + "/viewer-test-a-file";
+    pkv_test::run_command("touch " + shell_quote(file));
+    struct Row {
+        std::string args;
+        int status;
+        const char* says;
+    };
+    const std::vector<Row> rows = {
+        {"--view " + shell_quote(file + "/v.html"), 1, "cannot create the folder of"},
+        {"--trace " + shell_quote(file + "/t.json"), 1, "cannot create the folder of"},
+        {"--view /tmp/v.html --num-blocks 5000", 2, "--view draws every block of the pool: at most 4096"},
+        {"--view", 2, "--view needs a value"},
+    };
+    for (const Row& r : rows) {
+        CAPTURE(r.args);
+        const auto t0 = sse::Clock::now();
+        const std::pair<std::string, int> out = pkv_test::run_command("timeout 60 " + exe + " " + r.args + " 2>&1 >/dev/null");
+        CHECK(out.second == r.status);
+        CHECK(out.first.find(r.says) != std::string::npos);
+        CHECK(seconds_since(t0) < 5);  // refused at the door, not after a run
+    }
 }
 
 TEST_CASE("overload --trace: every span closed, in time order per track, one instant per preemption") {

@@ -244,6 +244,25 @@ inline std::string header_json(const RunInfo& info, const pkv::EngineConfig& c) 
 // One server-sent event: "event: KIND", the data (one line of JSON), a blank line.
 inline std::string sse_event(const std::string& kind, const std::string& json) { return "event: " + kind + "\ndata: " + json + "\n\n"; }
 
+// ---- one step, as the recorder sees it ---------------------------------------
+//
+//   end of step k-1  end_step(): the state after it -- block tables, the free
+//                    list, the queues -- is the record's, and is kept as the
+//                    "before" of step k (before_)
+//   between steps    on_event: an abort frees blocks, a request is rejected;
+//                    both go into step k's record, marked as before it
+//   schedule()       on_schedule: who runs with how many tokens, who was
+//                    admitted, resumed or preempted; each is explained by
+//                    comparing with "before": a victim gave back the table it
+//                    held then, and the running requests needed the blocks
+//                    their tables grew by
+//   forward, sample  on_event: every token and its gap; the finishes
+//   end of step k    end_step(): the state after, and the record
+//
+// Why compare with a snapshot instead of asking the scheduler why? The
+// recorder must not change what it records: it sees only what the engine
+// already shows at these moments, so every reason on the page is one a reader
+// of scheduler.hpp could check at the same point of the step.
 class Recorder {
 public:
     static constexpr size_t kPromptChars = 240;
@@ -351,7 +370,13 @@ private:
         s.t0 = now();
         const int bs = eng_->config().block_size;
         // The chunks, and the block tables as schedule() left them (a request
-        // that finishes in this step frees what it holds at its end).
+        // that finishes in this step frees what it holds at its end). A
+        // chunk's phase is what Engine::account_and_commit will count it as:
+        // positions below the request's high-water mark were computed before
+        // a preemption threw them away (recompute), positions in the prompt
+        // are prefill, the rest decode. num_computed_tokens has not moved
+        // yet (Scheduler::on_computed runs after the forward pass), so for an
+        // admitted request it still says how much the prefix cache served.
         std::vector<std::string> grew;  // "r3 +1": running requests whose tables had to grow
         int needed = 0;
         for (const pkv::ScheduledRequest& sr : so.scheduled) {
@@ -363,6 +388,9 @@ private:
             const bool new_here = was == before_.running.end();
             s.chunks.push_back({r.id, sr.num_new_tokens, phase, recompute, new_here ? c : 0});
             mid_[r.id] = r.block_table.blocks;
+            // A running request needs a block when its chunk crosses a block
+            // boundary: the blocks for num_computed + n tokens, less those its
+            // table held when the step began.
             if (!new_here) {
                 const long need = pkv::blocks_for_tokens((int64_t)c + sr.num_new_tokens, bs) - (long)was->second.blocks.size();
                 if (need > 0) { grew.push_back("r" + std::to_string(r.id) + " +" + std::to_string(need)); needed += (int)need; }
@@ -495,6 +523,13 @@ private:
         out.push_back({id, r->num_prompt_tokens, r->params.max_tokens, text, r->arrival_time - origin_});
     }
 
+    // The state after a step (or now, between steps): every running
+    // request's table, the queues, the free list walked from its head (the
+    // next block handed out) to its tail (the last), the blocks the prefix
+    // cache can still find (only with prefix caching: a free one keeps its
+    // contents until it is handed out again), and the engine's counters.
+    // Only running requests hold blocks; a waiting one, new or preempted,
+    // holds none.
     void fill_state(StepRecord& s) {
         const pkv::Scheduler& sch = eng_->scheduler();
         const pkv::BlockPool& pool = eng_->pool();
@@ -517,6 +552,10 @@ private:
         mid_.clear();
     }
 
+    // One record as one line of JSON (a server-sent event must not hold a
+    // bare newline; quote() escapes those in text). Tokens are arrays, not
+    // objects: a record holds up to max_num_seqs of them, and a page
+    // thousands of records.
     static std::string to_json(const StepRecord& s) {
         std::vector<std::string> chunks, events, tokens, tables, intro;
         for (const Chunk& c : s.chunks)

@@ -153,13 +153,27 @@ function render() {
 // the free list. Marks: C (the prefix cache can find it), + (allocated in
 // this step), a dashed outline (given back in this step: by a preemption, a
 // finish or an abort), with who gave it back.
+//
+// What to look for. A step that preempts shows the point of preemption in
+// the cells themselves: the victim's blocks carry a dashed outline, and most
+// of them are already held again, marked "from r15" and "+", by the requests
+// whose growth failed -- the victim was freed so that they could grow, in
+// the same step. Without prefix caching a freed block goes to the head of
+// the free list (it holds nothing anyone can find), so it is the first one
+// handed out; with prefix caching a cached block goes to the tail and is
+// handed out last (core/block_pool.hpp, BlockPool::release).
 function renderPool(rec, prev) {
+  // Per block: who holds it now (several requests when the prefix cache
+  // shares it), its place in the free list, who gave it back in this step,
+  // and who held it after the step before (to mark what is new).
   const owners = new Map(), freePos = new Map(), freedBy = new Map(), before = new Map();
   for (const [r, blocks] of rec.tables) for (const b of blocks) (owners.get(b) || owners.set(b, []).get(b)).push(r);
   rec.free.forEach((b, i) => freePos.set(b, i));
   const cached = new Set(rec.cached);
   for (const e of rec.events) for (const b of e.blocks || []) freedBy.set(b, e);
   if (prev) for (const [r, blocks] of prev.tables) for (const b of blocks) (before.get(b) || before.set(b, new Set()).get(b)).add(r);
+  // The cells are made once and updated in place: playing a run redraws
+  // the pool many times a second.
   const pool = $('pool');
   if (pool.children.length !== config.num_blocks) {
     pool.textContent = '';
@@ -247,8 +261,11 @@ function eventItem(kind, r, headline, why, keys) {
   return li;
 }
 
-// The step's story: before it (aborts, rejections), the decision, the batch,
-// the tokens, the ends.
+// The step's story, in the order Engine::step lives it: what happened before
+// it (aborts, rejections, between the steps), what schedule() decided
+// (preemptions first: in a step that preempts nobody is admitted), the one
+// batch of every chunk, the tokens sampled at its end, and the requests that
+// finished with them. Each item names the code that made it.
 function renderEvents(rec) {
   const list = $('events');
   list.textContent = '';
@@ -283,7 +300,10 @@ function renderEvents(rec) {
 }
 
 // A request's state as of a record: running, paused (preempted, waiting to
-// come back), waiting (not admitted yet), or how it ended.
+// come back), waiting (not admitted yet), or how it ended. A preempted
+// request waits in the same queue as a new one (at its front); what tells
+// them apart is whether it was ever preempted -- the scheduler's
+// RequestState::kPreempted, which the client sees as a stream that stopped.
 function stateOf(q, rec) {
   if (rec.running.includes(q.id)) return 'running';
   if (rec.waiting.includes(q.id)) return q.preempts.some((s) => s <= rec.step) ? 'paused' : 'waiting';
@@ -362,6 +382,13 @@ function renderQueues(rec) {
 // Four small SVG charts, x = record: KV cache usage; running (solid) and
 // waiting (dashed); preemptions per step (bars) and in total (line); every
 // inter-token gap (dots, log scale), where the p99 cliff shows.
+//
+// Why a log scale for the gaps: a step takes a millisecond or two, a
+// preemption's pause hundreds. On a linear scale every ordinary gap would sit
+// on the axis; on a log scale they form a band, and each pause is one dot far
+// above it. The p50 and p99 lines are what an operator's dashboard shows
+// (vLLM's inter-token latency histogram): p99 sits on the pauses, so a few
+// preempted streams lift it far above the median.
 
 // SVG elements live in SVG's namespace. Its name is a URL (never fetched);
 // rather than write it here, where a check for addresses would find it, we
@@ -464,6 +491,8 @@ function go(i) {
   current = Math.max(0, Math.min(run.records.length - 1, i));
   render();
 }
+// Play: one step every 1/speed seconds, from the start if at the end; a live
+// page keeps playing as records arrive.
 function play(on) {
   if (timer) clearInterval(timer);
   timer = null;

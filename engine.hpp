@@ -104,8 +104,9 @@ public:
     // request, even the one whose token it handles; never step() or add_request().
     StreamCallback on_event;  // every token and state change, as it happens
     LogCallback on_log;       // the periodic vLLM-style log line
-    // An observer of each step's decision, right after schedule() (examples/
-    // viewer/ records a run with it). It may read the engine, not change it.
+    // An observer of each step's decision, right after schedule(); empty
+    // unless something records the run (examples/recorder.hpp). It may read
+    // the engine, not change it.
     std::function<void(const SchedulerOutput&)> on_schedule;
 
     // What examples and tests read; nothing here changes state.

@@ -15,6 +15,10 @@
 //      KV-cache usage, inter-token latency p99 against the median.
 //
 // --json prints one JSON object instead (every request and the metrics).
+// --view FILE.html records the run, step by step, as one page that opens in
+// a browser (examples/recorder.hpp, examples/viewer/); --trace FILE.json as
+// a trace that Perfetto opens. Both are off unless asked: then nothing is
+// recorded and the engine runs exactly as without them.
 //
 // The program, top to bottom: the options; Streams, what each client saw
 // (fed by the engine's events); the lane chart; the run; and the three
@@ -27,6 +31,9 @@
 
 #include "engine.hpp"
 #include "examples/cli.hpp"
+#include "examples/recorder.hpp"
+#include "examples/trace.hpp"
+#include "examples/viewer_page.hpp"
 #include "examples/workload.hpp"
 #include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
@@ -42,6 +49,7 @@ using workload::Json;
 
 struct Options : workload::Setup {
     std::string checkpoint, tokenizer, gpu = "h200";
+    std::string view_path, trace_path;  // --view, --trace: "" = no recording
     bool json = false, no_lanes = false;
     Options() { swap_space_blocks = 64; }
 };
@@ -61,6 +69,8 @@ Options parse(int argc, char** argv) {
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.flag("--no-lanes", &o.no_lanes, "skip the per-step lanes");
     p.flag("--json", &o.json, "one JSON object on stdout (requests + metrics), nothing else");
+    p.text("--view", &o.view_path, "FILE.html", "record the run step by step into one HTML page that opens offline in a browser (make view)");
+    p.text("--trace", &o.trace_path, "FILE.json", "record the run as a trace in Chrome's Trace Event Format (ui.perfetto.dev opens it)");
     p.parse(argc, argv);
     if (!o.tokenizer.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
     workload::check_workload(o);
@@ -157,12 +167,13 @@ private:
 // ============================================================================
 
 // Steps until every request is done; returns the seconds it took (modelled
-// ones on the simulated GPU).
-double run_steps(pkv::Engine& eng, Streams& streams, LaneChart* chart, const pkv::VirtualClock* sim_clock) {
+// ones on the simulated GPU). A recorder, when there is one, records each step.
+double run_steps(pkv::Engine& eng, Streams& streams, LaneChart* chart, const pkv::VirtualClock* sim_clock, viewer::Recorder* rec) {
     const auto t0 = std::chrono::steady_clock::now();
     while (eng.has_unfinished()) {
         streams.start_step(eng);
         eng.step();
+        if (rec) rec->end_step();
         if (chart) chart->row(streams.step, eng.metrics(), streams.lane);
     }
     if (chart) chart->flush();
@@ -291,6 +302,48 @@ void compare_with_cpu(pkv::Engine& eng, const Options& opt, const pkv::ModelAndT
                 pkv::to_string(opt.device), tok_s / cpu_tok_s, same, opt.requests);
 }
 
+// --view, --trace: a recorder on the engine, attached before the requests
+// arrive (a rejection is recorded too); none when neither is asked for.
+// Every file problem shows now, before the run.
+std::unique_ptr<viewer::Recorder> make_recorder(pkv::Engine& eng, const Options& opt, const pkv::ModelAndTokenizer& mt) {
+    if (opt.view_path.empty() && opt.trace_path.empty()) return nullptr;
+    if (!opt.view_path.empty()) {
+        if (eng.config().num_blocks > viewer::kMaxPageBlocks)
+            cli::bad_usage("--view draws every block of the pool: at most " + std::to_string(viewer::kMaxPageBlocks) + ", and this one has " +
+                           std::to_string(eng.config().num_blocks) + " (lower --num-blocks or --kv-cache-mb; --trace has no limit)");
+        viewer::embedded_page();  // (throws if this build has no page)
+        workload::check_writable(opt.view_path);
+    }
+    if (!opt.trace_path.empty()) workload::check_writable(opt.trace_path);
+    viewer::RunInfo info;
+    info.model = mt.name;
+    info.device = pkv::to_string(opt.device);
+    info.workload = std::to_string(opt.requests) + " requests x (" + std::to_string(opt.prompt_len) + " prompt + " +
+                    std::to_string(opt.max_tokens) + " output tokens), all arriving at once";
+    info.victim = pkv::to_string(opt.policy.victim);
+    info.preemption = pkv::to_string(opt.policy.preemption);
+    info.admission = pkv::to_string(opt.policy.admission);
+    auto rec = std::make_unique<viewer::Recorder>(mt.tok, info, /*keep=*/true);
+    rec->attach(eng);
+    return rec;
+}
+
+// The recording, written out. What was written goes to stderr: stdout may
+// be --json's.
+void write_recording(const viewer::Recorder& rec, const Options& opt) {
+    std::fflush(stdout);  // (the report first, on a terminal or in a pipe)
+    if (!opt.view_path.empty()) {
+        const std::string page = viewer::page(viewer::embedded_page(), rec.page_data());
+        viewer::write_file(opt.view_path, page);
+        std::fprintf(stderr, "overload: wrote %s (%ld steps, %zu KiB): open it in a browser, offline (keys: arrows, space, p)\n",
+                     opt.view_path.c_str(), rec.num_records(), page.size() / 1024);
+    }
+    if (!opt.trace_path.empty()) {
+        viewer::write_file(opt.trace_path, viewer::trace(rec));
+        std::fprintf(stderr, "overload: wrote %s: open it at ui.perfetto.dev (Open trace file) or chrome://tracing\n", opt.trace_path.c_str());
+    }
+}
+
 int run(int argc, char** argv) {
     const Options opt = parse(argc, argv);
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
@@ -319,6 +372,7 @@ int run(int argc, char** argv) {
     }
     Streams streams(mt.tok, opt.requests);
     eng.on_event = [&](const pkv::StreamEvent& e) { streams.on_event(e); };
+    const std::unique_ptr<viewer::Recorder> rec = make_recorder(eng, opt, mt);
 
     const std::vector<std::vector<int32_t>> prompts = workload::add_workload(eng, mt.tok, opt);
     for (int i = 0; i < opt.requests; ++i) {
@@ -327,14 +381,15 @@ int run(int argc, char** argv) {
             std::printf("request %d rejected: %s\n", i, eng.request(i)->reject_reason.c_str());
     }
     std::unique_ptr<LaneChart> chart = show && !opt.no_lanes ? std::make_unique<LaneChart>(opt.requests) : nullptr;
-    const double wall = run_steps(eng, streams, chart.get(), sim ? &sim_clock : nullptr);
+    const double wall = run_steps(eng, streams, chart.get(), sim ? &sim_clock : nullptr, rec.get());
     if (opt.json) {
         print_json(eng, opt, mt.name, prompts, wall);
-        return 0;
+    } else {
+        print_streams(eng, streams, sim);
+        print_metrics(eng, opt, wall, sim);
+        if (opt.device != pkv::Device::kCpu && !sim) compare_with_cpu(eng, opt, mt, wall);
     }
-    print_streams(eng, streams, sim);
-    print_metrics(eng, opt, wall, sim);
-    if (opt.device != pkv::Device::kCpu && !sim) compare_with_cpu(eng, opt, mt, wall);
+    if (rec) write_recording(*rec, opt);  // last: where the files went is the last thing said
     return 0;
 }
 

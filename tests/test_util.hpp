@@ -282,9 +282,10 @@ inline bool file_exists(const std::string& p) {
 // calls skip(): a MESSAGE now, and a line in the summary tests/main.cpp
 // prints after doctest's own, so a skipped test never reads as a pass. Where
 // a skip would hide a real failure, an environment variable turns it into
-// one: PAGEDKV_REQUIRE_MODELS=1 (CI, which has ../shared/models) and
-// PAGEDKV_REQUIRE_GPU=1 (tests/gpu_check.sh on a GPU machine).
-enum class SkipKind { kModels, kGpu, kProgram };
+// one: PAGEDKV_REQUIRE_MODELS=1 (CI, which has ../shared/models),
+// PAGEDKV_REQUIRE_GPU=1 (tests/gpu_check.sh on a GPU machine) and
+// PAGEDKV_REQUIRE_BROWSER=1 (CI, which installs chromium: tests/get_chromium.sh).
+enum class SkipKind { kModels, kGpu, kProgram, kBrowser };
 struct SkipRecord {
     SkipKind kind;
     std::string test, why;

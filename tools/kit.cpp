@@ -46,7 +46,9 @@
 //   1. Only the regions come from the copy. The checks, their doctest main,
 //      doctest itself, every other line of the engine, the compiler flags and
 //      this grader are the reference's; a copy without a valid .kit is refused
-//      rather than graded as if it were a reference.
+//      rather than graded as if it were a reference, and so is a folder
+//      without .kit that is not the reference (no tests/exercises/wrong/,
+//      or stubs where the regions' code should be: a copy that lost it).
 //   2. Each region is scanned before it is compiled (section 3): no
 //      preprocessor line, no way out of its function's braces, no call that
 //      ends the process, starts one, touches a file or a descriptor, or
@@ -619,6 +621,21 @@ std::string cut_text(const std::string& text, const std::string& file, const std
         pos = r.body_end;
     }
     return out + text.substr(pos);
+}
+
+// The exercises of the tree at `root` with a region that is a stub exactly as
+// `kit cut` writes it (its hint, then the statement that fails loudly): what
+// a student copy has and the reference never does.
+std::set<int> stubbed_exercises(const fs::path& root, const std::vector<std::string>& files) {
+    std::set<int> stubbed;
+    for (const std::string& f : files) {
+        if (!may_carry_regions(f)) continue;
+        const std::string text = read_file(root / f);
+        if (text.find(kMarker) == std::string::npos) continue;
+        for (const Region& r : find_regions(text, f))
+            if (text.compare(r.body_begin, r.body_end - r.body_begin, stub_body(text, r, f)) == 0) stubbed.insert(r.number);
+    }
+    return stubbed;
 }
 
 // `ref` with exercise n's regions taken from `student` (the same file in the
@@ -1471,16 +1488,32 @@ private:
 // 7. kit cut
 // ============================================================================
 
-// A pagedkv reference: it has the checks' main and no .kit (a student copy
-// has one). Whether it has exercise regions is found out by scanning.
-bool is_reference(const fs::path& dir) {
-    std::error_code ec;
-    return fs::is_regular_file(dir / "tests/exercises/main.cpp", ec) && !fs::exists(dir / ".kit", ec);
-}
-
 // Files of the reference that stay out of a student copy: the known-wrong
 // implementations, whose lines quote the solutions.
-bool stays_out_of_copies(const std::string& rel) { return rel.rfind("tests/exercises/wrong/", 0) == 0; }
+const char* const kWrongDir = "tests/exercises/wrong";
+bool stays_out_of_copies(const std::string& rel) { return rel.rfind(std::string(kWrongDir) + "/", 0) == 0; }
+
+// Why `dir` is not a pagedkv reference, or "" when it is one: the reference
+// has the checks' main, no .kit (a student copy has one) and the known-wrong
+// implementations (tests/exercises/wrong/), which `kit cut` leaves out of
+// every copy -- so a copy that lost its .kit is still told apart. Whether
+// its regions are stubs is found out by scanning (reference_exercises).
+std::string not_a_reference(const fs::path& dir) {
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / "tests/exercises/main.cpp", ec)) return "it is not a pagedkv tree (no tests/exercises/main.cpp)";
+    if (fs::exists(fs::symlink_status(dir / ".kit", ec))) return "it is a student copy (it has a .kit)";
+    if (!fs::is_directory(dir / kWrongDir, ec))
+        return std::string("it has no ") + kWrongDir + "/, which the reference has and `kit cut` leaves out of every student copy";
+    return "";
+}
+bool is_reference(const fs::path& dir) { return not_a_reference(dir).empty(); }
+
+// "1, 3": a set of exercise numbers, for messages.
+std::string list_of(const std::set<int>& s) {
+    std::string out;
+    for (int n : s) out += (out.empty() ? "" : ", ") + std::to_string(n);
+    return out;
+}
 
 // Extra compiler flags a student copy needs: a stub leaves parameters and
 // locals unused, and -Werror would turn that into a build failure.
@@ -1492,12 +1525,13 @@ const char* kKitMk =
 
 // The exercises of the reference at `root`, or an error saying it is not one.
 std::map<int, Exercise> reference_exercises(const fs::path& root, const std::vector<std::string>& files) {
-    if (!is_reference(root))
-        throw std::runtime_error(root.string() + (fs::exists(root / ".kit") ? " is a student copy (it has a .kit), not the reference"
-                                                                           : " is not a pagedkv tree (no tests/exercises/main.cpp)") +
-                                 ": run the kit at the root of the pagedkv repository");
+    if (const std::string why = not_a_reference(root); !why.empty())
+        throw std::runtime_error(root.string() + " is not the pagedkv reference: " + why + ": run the kit at the root of the pagedkv repository");
     std::map<int, Exercise> ex = scan_exercises(root, files);
     if (ex.empty()) throw std::runtime_error(root.string() + " has no exercise regions: run the kit at the root of the pagedkv repository");
+    if (const std::set<int> stubs = stubbed_exercises(root, files); !stubs.empty())
+        throw std::runtime_error(root.string() + " is not the pagedkv reference: the regions of exercise(s) " + list_of(stubs) +
+                                 " are stubs as `kit cut` writes them: run the kit at the root of the pagedkv repository");
     return ex;
 }
 
@@ -1628,9 +1662,8 @@ fs::path find_reference(const fs::path& copy, const std::string& flag) {
         return {};
     }
     if (!fs::is_directory(ref)) throw std::runtime_error(from + " names " + ref + ", which is not a folder");
-    if (!is_reference(ref))
-        throw std::runtime_error(from + " names " + ref + ", which is not a pagedkv reference (" +
-                                 (fs::exists(fs::path(ref) / ".kit") ? "it has a .kit: it is a student copy" : "no tests/exercises/main.cpp") + ")");
+    if (const std::string why = not_a_reference(ref); !why.empty())
+        throw std::runtime_error(from + " names " + ref + ", which is not a pagedkv reference (" + why + ")");
     const fs::path canon = fs::canonical(ref);
     if (canon == copy) throw std::runtime_error(from + " names the copy itself");
     return canon;
@@ -1733,6 +1766,31 @@ void print_exercise(const ExerciseResult& e, bool verbose) {
     }
 }
 
+// A folder without .kit is graded as the reference itself, by its own checks.
+// That is right for the reference only: a student copy that lost its .kit
+// would be graded by the checks in it, and its stubs reported as if the
+// reference failed. So anything else is refused, saying what would work.
+void refuse_unless_reference(const fs::path& dir) {
+    const std::string why = not_a_reference(dir);
+    if (why.rfind("it is not a pagedkv tree", 0) == 0)
+        throw std::runtime_error(shown(dir) + " is not a pagedkv tree (no tests/exercises/main.cpp): run the kit at the root of the "
+                                 "pagedkv repository or of a student copy");
+    const std::set<int> stubs = stubbed_exercises(dir, project_files(dir));
+    if (why.empty() && stubs.empty()) return;
+    std::string what;
+    if (!stubs.empty()) what = "the regions of exercise(s) " + list_of(stubs) + " are stubs as `kit cut` writes them";
+    if (!why.empty()) what += (what.empty() ? "" : ", and ") + why;
+    std::string cut_list;
+    for (int n : stubs) cut_list += (cut_list.empty() ? "" : " ") + std::to_string(n);
+    throw std::runtime_error(
+        dir.string() + " has no .kit, and it is not the pagedkv reference: " + what +
+        ". It looks like a student copy that lost its .kit, and grading it as the reference would grade it by its own "
+        "checks. Put its .kit back: a file named .kit at its top with the line 'exercises = " +
+        (cut_list.empty() ? "N M ..." : cut_list) +
+        "' (the exercises that were cut). Then `make grade` there self-checks it, and `kit grade --copy " + dir.string() +
+        "` run in the reference grades it.");
+}
+
 // Grade a copy, or the reference itself. Prints each exercise's line as soon
 // as it and every exercise before it are done.
 GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = nullptr) {
@@ -1749,6 +1807,7 @@ GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = n
                                      "without one is not graded (its own checks would grade it). To grade the reference "
                                      "itself, run `kit grade` in it without --copy.");
         if (!rq.reference.empty()) throw std::runtime_error("--reference goes with a student copy; this folder is no copy (it has no .kit)");
+        refuse_unless_reference(copy);
         mode = kReference;
     } else {
         ref = find_reference(copy, rq.reference);
@@ -1900,8 +1959,6 @@ struct Wrong {
     std::vector<Hunk> hunks;
 };
 
-const char* const kWrongDir = "tests/exercises/wrong";
-
 Wrong parse_wrong(const std::string& text, const std::string& name) {
     Wrong w;
     w.name = name;
@@ -2030,13 +2087,16 @@ void apply_wrong(const fs::path& ref, const fs::path& copy, const Wrong& w, cons
 //     implemented";
 // (c) a copy with one exercise cut fails that one only: every other exercise
 //     still passes (the isolation of section 8);
-// (d) exercise 9 with one barrier deleted fails its ThreadSanitizer check;
+// (d) the kernel's exercise (the one checked under ThreadSanitizer too) with
+//     one barrier deleted fails its ThreadSanitizer check;
 // (e) right answers pass the questions, graded against a read-only copy of
 //     the reference that the grader leaves as it was; a wrong one fails;
 // (f) every known-wrong implementation fails its exercise (section 9);
 // (g) every cheat is refused by the scan and, with the scan off, still fails;
 //     check programs planted in a copy's build/ are never run; a copy
-//     without .kit is refused;
+//     without .kit is refused, whether named with --copy, graded from inside
+//     (a stub, or no tests/exercises/wrong/, gives it away) or named as the
+//     reference;
 // (h) the command line: an unknown exercise, a folder that is no pagedkv
 //     tree; an exception in a worker thread reaches the caller.
 
@@ -2172,36 +2232,48 @@ int selftest(const fs::path& root_in, const Options& opt) {
         expect(ok, "exercise " + std::to_string(n) + " cut: only it fails" + detail);
     }
 
-    section("(d) exercise 9 with a barrier deleted fails under ThreadSanitizer");
+    // The exercise whose checks run under ThreadSanitizer too: the kernel's.
+    int kernel = 0;
+    for (const auto& [n, e] : ex)
+        if (!kernel && fs::exists(root / ("tests/exercises/ex" + nn(n) + ".cpp")) &&
+            has_tsan_check(read_file(root / ("tests/exercises/ex" + nn(n) + ".cpp"))))
+            kernel = n;
+    const std::string kernel_s = std::to_string(kernel);
+    section(("(d) exercise " + kernel_s + " (checked under ThreadSanitizer) with a barrier deleted fails there").c_str());
     {
         const fs::path dir = work / "copies/barrier";
         cut(root, dir, {}, false, true);
-        const fs::path f = dir / "paged_kv.cuh";
-        std::string text = read_file(f);
         bool removed = false;
-        for (const Region& r : find_regions(text, "paged_kv.cuh")) {
-            if (r.number != 9) continue;
-            const size_t s = text.find("syncthreads();", r.body_begin);
-            if (s != std::string::npos && s < r.body_end) {
-                const size_t ls = text.rfind('\n', s) + 1, le = text.find('\n', s) + 1;
-                text.erase(ls, le - ls);
-                removed = true;
+        std::set<std::string> seen;
+        for (const auto& [file, line] : kernel ? ex.at(kernel).places : std::vector<std::pair<std::string, int>>{}) {
+            if (removed || !seen.insert(file).second) continue;
+            const fs::path f = dir / file;
+            std::string text = read_file(f);
+            for (const Region& r : find_regions(text, file)) {
+                if (r.number != kernel) continue;
+                const size_t s = text.find("syncthreads();", r.body_begin);
+                if (s != std::string::npos && s < r.body_end) {
+                    const size_t ls = text.rfind('\n', s) + 1, le = text.find('\n', s) + 1;
+                    text.erase(ls, le - ls);
+                    removed = true;
+                    write_file(f, text);
+                    break;
+                }
             }
-            break;
         }
-        expect(removed, "deleted the first syncthreads() of exercise 9's region");
-        write_file(f, text);
+        expect(removed, "deleted the first syncthreads() of exercise " + kernel_s + "'s regions");
         // The numbers may come out wrong already, or right on a lucky
         // schedule: the TSan check must catch it either way, so here it runs
         // even when other checks fail (a grade runs it only after they pass).
         g.set_tsan_always(true);
-        GradeReport d = grade_copy(dir, {9}, false, opt, g);
+        GradeReport d = grade_copy(dir, {kernel}, false, opt, g);
         g.set_tsan_always(false);
         std::string tsan_why = "no TSan check";
         for (const auto& e : d.exercises)
             for (const auto& c : e.checks)
                 if (c.name == kTsanCheck) tsan_why = c.pass ? "it PASSED" : c.why;
-        expect(tsan_why.find("data race") != std::string::npos, "exercise 9's ThreadSanitizer check fails: " + first_lines(tsan_why, 1));
+        expect(tsan_why.find("data race") != std::string::npos,
+               "exercise " + kernel_s + "'s ThreadSanitizer check fails: " + first_lines(tsan_why, 1));
     }
 
     section("(e) the questions: the key's answers pass against a read-only reference, a wrong one fails");
@@ -2327,47 +2399,85 @@ int selftest(const fs::path& root_in, const Options& opt) {
             }
         }
 
+        // The cheats' exercise: the planted programs and the copies without
+        // .kit below use it too.
+        int cx = 0;
+        for (const Wrong& w : wrongs)
+            if (w.refused && !cx) cx = w.exercise;
+        const std::string cx_s = std::to_string(cx), cx_nn = nn(cx);
+
         // Cheat (c): grade a wrong copy, plant programs that print a passing
         // summary wherever an earlier kit kept its builds, grade again with
         // a new grader: still a failure, and the copy was never written to.
-        const Wrong* w3 = nullptr;
+        const Wrong* wc = nullptr;
         for (const Wrong& w : wrongs)
-            if (!w.refused && w.exercise == 3 && !w3) w3 = &w;
-        if (w3) {
+            if (!w.refused && w.exercise == cx && !wc) wc = &w;
+        if (wc) {
             const fs::path dir = work / "copies/planted";
             cut(root, dir, {}, false, true);
-            apply_wrong(root, dir, *w3, ex);
-            const bool first_fails = !grade_copy(dir, {3}, false, opt, g).exercises.at(0).pass();
-            expect(first_fails && !fs::exists(dir / "build"), "a wrong exercise 3 fails, and grading wrote nothing into the copy");
+            apply_wrong(root, dir, *wc, ex);
+            const bool first_fails = !grade_copy(dir, {cx}, false, opt, g).exercises.at(0).pass();
+            expect(first_fails && !fs::exists(dir / "build"), "a wrong exercise " + cx_s + " fails, and grading wrote nothing into the copy");
             const std::string fake = "#!/bin/sh\necho '[doctest] test cases: 1 | 1 passed | 0 failed | 0 skipped'\n"
                                      "echo '[doctest] Status: SUCCESS!'\nexit 0\n";
-            for (const char* at : {"build/grade/ex03", "build/grade/trees/0000000000000000/ex03", "build/ex03", "build/grade/ex03-tsan"}) {
+            for (const std::string& at : {"build/grade/ex" + cx_nn, "build/grade/trees/0000000000000000/ex" + cx_nn, "build/ex" + cx_nn,
+                                          "build/grade/ex" + cx_nn + "-tsan"}) {
                 write_file(dir / at, fake);
                 fs::permissions(dir / at, fs::perms::owner_all);
             }
             Grader fresh(opt, doctest);
-            const bool second_fails = !grade_copy(dir, {3}, false, opt, fresh).exercises.at(0).pass();
+            const bool second_fails = !grade_copy(dir, {cx}, false, opt, fresh).exercises.at(0).pass();
             expect(second_fails, "with programs that print a passing summary planted in its build/: still a failure");
         } else {
-            expect(false, "a known-wrong implementation of exercise 3 for the planted-programs cheat");
+            expect(false, "a known-wrong implementation of exercise " + cx_s + " (the cheats' exercise) for the planted-programs cheat");
         }
 
         // Cheat (d): a copy without .kit is not graded (as the reference, with
         // its own checks); .kit does not name the reference.
         const fs::path self = fs::read_symlink("/proc/self/exe");
         const fs::path dir = work / "copies/no-kit";
-        cut(root, dir, {3}, false, true);
+        cut(root, dir, {cx}, false, true);
         const std::string kit_text = read_file(dir / ".kit");
         expect(kit_text.find(root.string()) == std::string::npos, ".kit does not name the reference's path");
         fs::remove(dir / ".kit");
-        const RunResult r = run_process(command({self.string(), "grade", "--copy", dir.string(), "--reference", root.string(), "--exercises", "3",
-                                          "--no-questions"}, root));
-        expect(r.status == 1 && r.output.find("has no .kit") != std::string::npos && r.output.find("exercise 3 ") == std::string::npos,
+        const RunResult r = run_process(command({self.string(), "grade", "--copy", dir.string(), "--reference", root.string(), "--exercises",
+                                                 cx_s, "--no-questions"}, root));
+        expect(r.status == 1 && r.output.find("has no .kit") != std::string::npos && r.output.find("exercise " + cx_s + " ") == std::string::npos,
                "kit grade --copy on a copy without .kit: refused, exit status " + std::to_string(r.status));
+        // The same copy graded from inside it, as `make grade` there does: not
+        // "the reference itself" -- its stub is named, and the fix.
+        Proc in_copy = command({self.string(), "grade", "--no-questions"}, dir);
+        in_copy.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r3 = run_process(in_copy);
+        expect(r3.status == 1 && r3.output.find("has no .kit") != std::string::npos &&
+                   r3.output.find("exercise(s) " + cx_s + " are stubs") != std::string::npos &&
+                   r3.output.find("'exercises = " + cx_s + "'") != std::string::npos &&
+                   r3.output.find("grading the reference itself") == std::string::npos &&
+                   r3.output.find("exercise " + cx_s + " ") == std::string::npos,
+               "kit grade inside a copy without .kit (exercise " + cx_s + " a stub): refused, exit status " + std::to_string(r3.status) +
+                   ", '" + first_lines(r3.output, 1).substr(0, 160) + "...'");
+        // A copy with nothing cut left (every region the reference's code)
+        // that lost its .kit: no stub to see, but no tests/exercises/wrong/.
+        const fs::path whole = work / "copies/no-kit-whole";
+        cut(root, whole, {}, false, true);
+        fs::remove(whole / ".kit");
+        Proc in_whole = command({self.string(), "grade", "--no-questions"}, whole);
+        in_whole.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r4 = run_process(in_whole);
+        expect(r4.status == 1 && r4.output.find("has no .kit") != std::string::npos &&
+                   r4.output.find("tests/exercises/wrong/") != std::string::npos &&
+                   r4.output.find("grading the reference itself") == std::string::npos,
+               "kit grade inside a whole copy without .kit: refused (no tests/exercises/wrong/), exit status " + std::to_string(r4.status));
         const RunResult r2 = run_process(command({self.string(), "grade", "--copy", (work / "copies/all").string(), "--reference",
                                            (work / "copies/ex1").string(), "--no-questions"}, root));
         expect(r2.status == 1 && r2.output.find("not a pagedkv reference") != std::string::npos,
                "--reference naming a student copy: an error, not ignored (exit status " + std::to_string(r2.status) + ")");
+        // PAGEDKV_REFERENCE naming a copy that lost its .kit is no reference either.
+        Proc via_env = command({self.string(), "grade", "--copy", (work / "copies/all").string(), "--no-questions"}, root);
+        via_env.set_env = {{"PAGEDKV_REFERENCE", whole.string()}};
+        const RunResult r5 = run_process(via_env);
+        expect(r5.status == 1 && r5.output.find("not a pagedkv reference") != std::string::npos,
+               "PAGEDKV_REFERENCE naming a copy without .kit: an error (exit status " + std::to_string(r5.status) + ")");
     }
 
     section("(h) the command line and the grader's own failures");

@@ -448,7 +448,7 @@ private:
     // scheduled, or 0 (not admitted, nothing changed). Its cached prefix is
     // already computed; this step's chunk is the rest, capped by the budget.
     int try_admit(Request* req, int budget) {
-        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // ---- exercise 4 begin: admission and the full-sequence gate ----
         // find_cached_prefix; how many tokens' worth of blocks must be free
         // (the chunk, or the whole current sequence with
         // full_sequence_must_fit), adjusted by the policy; free hits count
@@ -470,7 +470,7 @@ private:
         stats_.prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;
         return n;
-        // ---- exercise 7 end ----
+        // ---- exercise 4 end ----
     }
 
     SchedulerConfig cfg_;

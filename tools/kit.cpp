@@ -29,9 +29,10 @@
 //   kit selftest  proves the kit on the reference itself (CI runs it).
 //
 // ---- how grading keeps one exercise from failing another ----------------------
-// Exercise 9's kernel is tested through slot_of() (exercise 1), and exercise 5's
-// scheduler through the block pool (exercises 2-4). Grading a student's copy as
-// it stands would report a missing exercise 1 as eleven failures. So when the
+// Exercise 10's kernel is tested through slot_of() (exercise 1), and exercise
+// 5's scheduler through the block pool (exercises 2 and 3). Grading a student's
+// copy as it stands would report a missing exercise 1 as a failure of every
+// exercise that reaches it. So when the
 // reference is at hand (--reference, PAGEDKV_REFERENCE, or the folder the kit
 // runs in, when that is the reference), each exercise N is graded in a tree
 // of its own: the reference's sources with only exercise N's regions taken
@@ -559,6 +560,18 @@ struct Exercise {
     std::vector<std::pair<std::string, int>> places;  // (file, line) of each region
 };
 
+// A lab exercise is titled "lab LN: ...": it is lab/ code, taught in
+// lab/LAB.md chapter LN, not the reference's (COURSE.md). "LN" for one, ""
+// for a core exercise. Core exercises come first, and their checks use no
+// lab/ code (`kit selftest` checks both).
+std::string lab_chapter(const std::string& title) {
+    if (title.rfind("lab L", 0) != 0) return "";
+    size_t i = 5;
+    while (i < title.size() && std::isdigit((unsigned char)title[i])) ++i;
+    if (i == 5 || title.compare(i, 2, ": ") != 0) return "";
+    return title.substr(4, i - 4);
+}
+
 // Every exercise of the tree at `root`, by number.
 std::map<int, Exercise> scan_exercises(const fs::path& root, const std::vector<std::string>& files) {
     std::map<int, Exercise> ex;
@@ -973,6 +986,7 @@ struct Question {
     std::vector<std::string> args;            // what the student types after ./build/PROGRAM
     std::function<double(const Json&)> pick;  // the answer, from the --json output
     double rel_tolerance = 0;                 // 0: exactly
+    std::string lab;                          // a lab question: the lab/LAB.md chapters it draws on ("" = core)
     std::string command() const {
         std::string c = "./build/" + program;
         for (const std::string& a : args) c += " " + a;
@@ -987,14 +1001,15 @@ std::vector<Question> questions() {
                  "8 requests at once. How many tokens does the engine compute again because a preempted\n"
                  "request lost its KV cache (vLLM's recomputed tokens)?",
                  "overload", {"--max-num-seqs", "8"},
-                 [](const Json& j) { return j["metrics"]["recomputed_tokens_total"].as_number(); }, 0});
+                 [](const Json& j) { return j["metrics"]["recomputed_tokens_total"].as_number(); }, 0, ""});
     q.push_back({"q2",
                  "The same workload with the default max_num_seqs and prefix caching on. How many prompt and\n"
                  "recomputed tokens are served from the prefix cache instead of being computed (prefix cache hits)?",
                  "overload", {"--prefix-caching", "on"},
-                 [](const Json& j) { return j["metrics"]["prefix_cache_hits"].as_number(); }, 0});
+                 [](const Json& j) { return j["metrics"]["prefix_cache_hits"].as_number(); }, 0, ""});
     q.push_back({"q3",
-                 "On a simulated L4 whose host link is cut to 2 GB/s, the preemption study's part two brings one\n"
+                 "A lab question (lab/LAB.md chapters L5 and L6: the studies and the simulated GPU). On a\n"
+                 "simulated L4 whose host link is cut to 2 GB/s, the preemption study's part two brings one\n"
                  "victim of each length back with recompute and with swap. From which length on does swap finish\n"
                  "sooner than recompute? Give the first such length.",
                  "study", {"preemption", "--device", "sim", "--gpu", "l4", "--pcie-gbps", "2"},
@@ -1017,7 +1032,7 @@ std::vector<Question> questions() {
                          if (rec.count(len) && swp.count(len) && swp[len] < rec[len]) return len;
                      return std::nan("");
                  },
-                 0});
+                 0, "L5, L6"});
     return q;
 }
 
@@ -1041,12 +1056,24 @@ std::map<std::string, std::string> read_answers(const fs::path& file) {
     return a;
 }
 
-std::string answers_template() {
-    std::string t =
-        "# pagedkv: analysis questions.\n"
-        "# Build the project (make), run the command each question names, read the figure off\n"
-        "# its output and write it after the '='. The grader checks every answer against the\n"
-        "# reference engine's own --json output.\n";
+// ANSWERS.txt as `kit cut` writes it: the exercises cut (when `cut` is
+// given, with their titles from `ex`), then the questions.
+std::string answers_template(const std::map<int, Exercise>* ex = nullptr, const std::set<int>* cut = nullptr) {
+    std::string t = "# pagedkv: your exercises and the analysis questions.\n";
+    if (ex && cut && !cut->empty()) {
+        t += "#\n# The exercises cut in this copy (`./build/kit list` says where each one is). A title\n"
+             "# that starts \"lab LN:\" is a lab exercise: lab/ code, taught in lab/LAB.md chapter LN;\n"
+             "# the others are the reference's, in the TUTORIAL's order.\n";
+        for (int n : *cut) {
+            char line[128];
+            std::snprintf(line, sizeof line, "#   exercise %-2d %s\n", n, ex->at(n).title.c_str());
+            t += line;
+        }
+    }
+    t += "#\n"
+         "# The questions: build the project (make), run the command each question names, read the\n"
+         "# figure off its output and write it after the '='. The grader checks every answer against\n"
+         "# the reference engine's own --json output.\n";
     for (const Question& q : questions()) {
         t += "\n";
         std::istringstream ss(q.text);
@@ -1573,7 +1600,7 @@ void cut(const fs::path& ref_root, const fs::path& out, const std::set<int>& whi
                                      "# from the reference: kit grade --copy THIS_FOLDER (COURSE.md).\n"
                                      "kit = 2\nexercises = " + cut_list + "\n");
     write_file(abs_out / ".kit.mk", kKitMk);
-    write_file(abs_out / "ANSWERS.txt", answers_template());
+    write_file(abs_out / "ANSWERS.txt", answers_template(&ex, &which));
     if (quiet) return;
     std::printf("kit: wrote a student copy to %s\n", shown(abs_out).c_str());
     for (int n : which) {
@@ -1928,8 +1955,8 @@ GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = n
 // tests/exercises/wrong/*.txt each describe a mistake a student could make
 // (or a cheat one could try) as an edit of the reference's regions:
 //
-//     # exercise 7: prefix_cache_queries counts only the prompt   <- what it is
-//     exercise: 7
+//     # exercise 4: prefix_cache_queries counts only the prompt   <- what it is
+//     exercise: 4
 //     expect: fail                   fail: graded, it must fail; refused: the scan must refuse it
 //     caught by: NAME OF A CHECK     (optional) a check that must be among the failures
 //     unscanned: fail                (optional, with refused) with the scan off it must still fail
@@ -2083,6 +2110,8 @@ void apply_wrong(const fs::path& ref, const fs::path& copy, const Wrong& w, cons
 //
 // (a) the reference passes every check and has an answer for every question;
 //     its check files follow main.cpp's rules and its regions pass the scan;
+//     core exercises come first and neither live in lab/ nor include it in
+//     their checks; each lab exercise names a chapter of lab/LAB.md;
 // (b) a copy with every exercise cut fails each one, every check "not
 //     implemented";
 // (c) a copy with one exercise cut fails that one only: every other exercise
@@ -2095,8 +2124,8 @@ void apply_wrong(const fs::path& ref, const fs::path& copy, const Wrong& w, cons
 // (g) every cheat is refused by the scan and, with the scan off, still fails;
 //     check programs planted in a copy's build/ are never run; a copy
 //     without .kit is refused, whether named with --copy, graded from inside
-//     (a stub, or no tests/exercises/wrong/, gives it away) or named as the
-//     reference;
+//     (a stub, or no tests/exercises/wrong/, gives it away; the refusal's
+//     advice, a .kit put back, then works) or named as the reference;
 // (h) the command line: an unknown exercise, a folder that is no pagedkv
 //     tree; an exception in a worker thread reaches the caller.
 
@@ -2195,6 +2224,50 @@ int selftest(const fs::path& root_in, const Options& opt) {
             const size_t d = src.find("#include <doctest/doctest.h>"), last_project = src.rfind("#include \"");
             if (d == std::string::npos) continue;
             expect(last_project == std::string::npos || last_project < d, f + " includes doctest after the project's headers");
+        }
+        // Core exercises first, each titled as the TUTORIAL's code and checked
+        // without lab/ code; lab exercises after them, each naming a chapter
+        // of lab/LAB.md.
+        {
+            const std::string lab_md = fs::exists(root / "lab/LAB.md") ? read_file(root / "lab/LAB.md") : "";
+            int last_core = 0, first_lab = 0;
+            for (const auto& [n, e] : ex) {
+                const std::string chapter = lab_chapter(e.title);
+                if (chapter.empty()) {
+                    last_core = n;
+                    std::string in_lab;
+                    for (const auto& [f, line] : e.places)
+                        if (f.rfind("lab/", 0) == 0 && in_lab.empty()) in_lab = f + ":" + std::to_string(line);
+                    // The check file and the tests/exercises headers it
+                    // includes, followed: which of them includes lab/?
+                    std::string lab_include;
+                    std::vector<std::string> todo = {"tests/exercises/ex" + nn(n) + ".cpp"};
+                    std::set<std::string> read;
+                    while (!todo.empty() && lab_include.empty()) {
+                        const std::string rel = todo.back();
+                        todo.pop_back();
+                        if (!read.insert(rel).second || !fs::exists(root / rel)) continue;
+                        std::istringstream src(read_file(root / rel));
+                        for (std::string line; std::getline(src, line);) {
+                            const size_t q = line.find("#include \"");
+                            if (q == std::string::npos) continue;
+                            const std::string inc = line.substr(q + 10, line.find('"', q + 10) - q - 10);
+                            if (inc.rfind("lab/", 0) == 0) lab_include = rel + " includes " + inc;
+                            else if (inc.rfind("tests/exercises/", 0) == 0) todo.push_back(inc);
+                        }
+                    }
+                    expect(in_lab.empty() && lab_include.empty(),
+                           "exercise " + std::to_string(n) + " (core) has no region in lab/ and its checks use no lab/ code" +
+                               (in_lab.empty() ? "" : ": a region at " + in_lab) + (lab_include.empty() ? "" : ": " + lab_include));
+                } else {
+                    if (!first_lab) first_lab = n;
+                    const bool named = lab_md.find("\n## " + chapter + ". ") != std::string::npos;
+                    expect(named, "exercise " + std::to_string(n) + " (lab " + chapter + ") names a chapter of lab/LAB.md");
+                }
+            }
+            expect(!first_lab || first_lab > last_core,
+                   "the lab exercises come after every core one (core up to " + std::to_string(last_core) + ", lab from " +
+                       std::to_string(first_lab) + ")");
         }
         // A correct solution must never be refused: the reference's regions pass the scan.
         std::string refused;
@@ -2456,6 +2529,19 @@ int selftest(const fs::path& root_in, const Options& opt) {
                    r3.output.find("exercise " + cx_s + " ") == std::string::npos,
                "kit grade inside a copy without .kit (exercise " + cx_s + " a stub): refused, exit status " + std::to_string(r3.status) +
                    ", '" + first_lines(r3.output, 1).substr(0, 160) + "...'");
+        // What the refusal says would work does: a .kit with the line it
+        // names, and `kit grade` there self-checks the copy (its stub: not
+        // implemented), refusing nothing.
+        write_file(dir / ".kit", "exercises = " + cx_s + "\n");
+        Proc fixed = command({self.string(), "grade", "--exercises", cx_s, "--no-questions"}, dir);
+        fixed.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r6 = run_process(fixed);
+        expect(r6.status == 1 && r6.output.find("has no .kit") == std::string::npos &&
+                   r6.output.find("a self-check of") != std::string::npos &&
+                   r6.output.find("exercise " + cx_s + " ") != std::string::npos &&
+                   r6.output.find("not implemented") != std::string::npos,
+               "the same copy with the .kit line the refusal names: self-checked, exercise " + cx_s +
+                   " not implemented (exit status " + std::to_string(r6.status) + ")");
         // A copy with nothing cut left (every region the reference's code)
         // that lost its .kit: no stub to see, but no tests/exercises/wrong/.
         const fs::path whole = work / "copies/no-kit-whole";
@@ -2533,7 +2619,9 @@ int list(const fs::path& root) {
         for (const auto& [f, line] : e.places) where += (where.empty() ? "" : " ") + f + ":" + std::to_string(line);
         std::printf("exercise %-2d %-52s %2zu checks  %s\n", n, e.title.c_str(), checks, where.c_str());
     }
-    for (const Question& q : questions()) std::printf("question %-2s %s\n", q.id.substr(1).c_str(), q.command().c_str());
+    for (const Question& q : questions())
+        std::printf("question %-2s %s%s\n", q.id.substr(1).c_str(), q.command().c_str(),
+                    q.lab.empty() ? "" : ("   (lab: lab/LAB.md " + q.lab + ")").c_str());
     return 0;
 }
 

@@ -226,7 +226,7 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
                                 const int32_t* token_seq,     // [num_tokens] row of block_tables
                                 const int32_t* positions,     // [num_tokens] ctx = position + 1
                                 int num_tokens, const AttentionShape& s) {
-    // ---- exercise 8 begin: paged attention on the CPU ----
+    // ---- exercise 9 begin: paged attention on the CPU ----
     // For each token t and query head h: its sequence's row of block_tables,
     // ctx = positions[t] + 1 keys, kv head h / (n_heads / n_kv_heads). Read
     // key and value j through slot_of and kv_load. Then exactly the math
@@ -267,7 +267,7 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             }
         }
     }
-    // ---- exercise 8 end ----
+    // ---- exercise 9 end ----
 }
 
 // The same over plain float32 caches.
@@ -377,7 +377,7 @@ struct AttentionArgs {
 // so a single decode fills the GPU, and uses warp shuffles for the dot
 // products. Both are in lab/attention_partitioned.cuh, which the programs run
 // by default (examples/devices.hpp chooses it); this kernel is the one to read
-// first, and the one the gdb walk and exercise 9 follow. Beyond both: fp16/bf16 arithmetic and fp8 caches; FlashInfer
+// first, and the one the gdb walk and exercise 10 follow. Beyond both: fp16/bf16 arithmetic and fp8 caches; FlashInfer
 // pipelines tiles with cp.async (on Hopper, TMA) so the next tile loads while
 // this one computes, and uses tensor cores for the QK^T and PV products of
 // prefill. We do none of that: synchronous loads, CUDA cores, float32 --
@@ -446,7 +446,7 @@ PKV_KERNEL void paged_attention_kernel(AttentionArgs args, int tk) {
             vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
         }
         syncthreads();
-        // ---- exercise 9 begin: the paged-attention kernel ----
+        // ---- exercise 10 begin: the paged-attention kernel ----
         // The tile's K and V are in shared memory (sk rows padded to hd + 1,
         // sv), q in sq. 2: every (head, key) score into sp[h * tk + j], with
         // the loop over pairs strided by the block's threads. 3: one thread per
@@ -492,7 +492,7 @@ PKV_KERNEL void paged_attention_kernel(AttentionArgs args, int tk) {
             acc[r] = a;
         }
         syncthreads();  // the next tile overwrites sk, sv, sp
-        // ---- exercise 9 end ----
+        // ---- exercise 10 end ----
     }
     float* og = args.out + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
     for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {

@@ -413,7 +413,7 @@ private:
     // Admit `req` with at most `budget` new tokens: the tokens scheduled, or 0
     // (nothing changed). Its cached prefix counts as computed.
     int try_admit(Request* req, int budget) {
-        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // ---- exercise 4 begin: admission and the full-sequence gate ----
         // find_cached_prefix; how many tokens' worth of blocks must be free
         // (the chunk, or the whole current sequence with
         // full_sequence_must_fit), adjusted by the policy; free hits count
@@ -435,7 +435,7 @@ private:
         stats_.prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;
         return n;
-        // ---- exercise 7 end ----
+        // ---- exercise 4 end ----
     }
 
     SchedulerConfig cfg_;

@@ -203,7 +203,7 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     for (size_t i = 0; i < hits.size(); ++i)  // a table holds a block once (find_cached_prefix's hits always do)
         if (std::find(hits.begin(), hits.begin() + (ptrdiff_t)i, hits[i]) != hits.begin() + (ptrdiff_t)i)
             throw std::invalid_argument("allocate_slots: the hit list names block " + std::to_string(hits[i]) + " twice");
-    // ---- exercise 4 begin: block table growth ----
+    // ---- exercise 3 begin: block table growth ----
     // Count what is missing: blocks_for_tokens(num_tokens) minus what the
     // table and the hits already give. Refuse (false, nothing changed) if the
     // free list cannot supply the missing blocks plus the hits that sit in it
@@ -215,18 +215,18 @@ inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector
     table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
     pool.allocate((int)need_new, table.blocks);
     return true;
-    // ---- exercise 4 end ----
+    // ---- exercise 3 end ----
 }
 
 // Give every block of `table` back, last logical block first (so tails are
 // evicted before the shared heads), and leave the table empty.
 inline void free_blocks(BlockPool& pool, BlockTable& table) {
-    // ---- exercise 4 begin: block table growth ----
+    // ---- exercise 3 begin: block table growth ----
     // Release in reverse logical order, then leave the table empty.
     std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
     pool.release(reversed);
     table = BlockTable{};
-    // ---- exercise 4 end ----
+    // ---- exercise 3 end ----
 }
 
 }  // namespace pkv

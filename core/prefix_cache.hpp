@@ -61,7 +61,7 @@ inline uint64_t hash_block_tokens(uint64_t parent_hash, const int32_t* tokens, i
 // num_tokens = 32 and block_size 16 that means one hit block, not two.)
 // Returns the hit block ids (not yet touched) in logical order.
 inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int32_t* tokens, int num_tokens) {
-    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // ---- exercise 7 begin: chained hashes and the prefix lookup ----
     // Walk the full blocks of `tokens` from the first: hash each with its
     // parent's hash (kRootHash for block 0), look it up in the pool's index
     // (pool.prefix_index(): lookup, hash_mask), stop at the first miss. Never
@@ -82,7 +82,7 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
         parent = h;
     }
     return hits;
-    // ---- exercise 3 end ----
+    // ---- exercise 7 end ----
 }
 
 // ============================================================================
@@ -97,7 +97,7 @@ inline std::vector<int32_t> find_cached_prefix(const BlockPool& pool, const int3
 // after them, usually none or one. A table can be registered again after a
 // preemption: its new blocks start unregistered, its hits do not.
 inline void cache_full_blocks(BlockPool& pool, const BlockTable& table, const int32_t* tokens, int num_computed) {
-    // ---- exercise 3 begin: chained hashes and the prefix lookup ----
+    // ---- exercise 7 begin: chained hashes and the prefix lookup ----
     // Find the first full block not registered yet (index.registered), going
     // back from the last full one. Its parent hash is the block_hash of the
     // block before it (kRootHash for block 0); stop at once if that block is
@@ -125,7 +125,7 @@ inline void cache_full_blocks(BlockPool& pool, const BlockTable& table, const in
         if (index.cache_block(table.blocks[(size_t)i], h, parent, blk_tokens) == PrefixState::kBroken) return;
         parent = h;
     }
-    // ---- exercise 3 end ----
+    // ---- exercise 7 end ----
 }
 
 }  // namespace pkv

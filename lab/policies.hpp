@@ -167,7 +167,7 @@ public:
     // kNewest: the back of running (vLLM's running.pop()); kOldest: the front;
     // kFair: the most output tokens, the newest on a tie, as vLLM would.
     Request* pick_victim(const std::vector<Request*>& running) override {
-        // ---- exercise 5 begin: the running loop of schedule() ----
+        // ---- exercise 11 begin: lab L3: choosing the victim ----
         // kNewest: the back of `running`; kOldest: the front; kFair: the most
         // output tokens, the newest on a tie.
         if (cfg_.victim == Victim::kNewest) return running.back();
@@ -176,14 +176,14 @@ public:
         for (auto it = running.rbegin(); it != running.rend(); ++it)
             if ((*it)->num_output_tokens() > v->num_output_tokens()) v = *it;
         return v;
-        // ---- exercise 5 end ----
+        // ---- exercise 11 end ----
     }
 
     // Swap: copy the blocks that hold computed K/V to host slots, keep
     // num_computed_tokens, wait at the front of the swapped queue. A victim
     // whose blocks do not fit in the free swap slots falls back to recompute.
     bool take_victim(Scheduler& s, Request& victim) override {
-        // ---- exercise 6 begin: preempt(): free, forget, requeue ----
+        // ---- exercise 12 begin: lab L3: swap out and back in ----
         // Swap: take host slots for the blocks holding computed tokens; if you
         // get them, copy those blocks out now (copy_out: before they are
         // freed, before anything can write them), keep num_computed_tokens,
@@ -212,13 +212,22 @@ public:
         free_blocks(s.pool(), victim.block_table);
         swapped_.push_front(&victim);
         return true;
-        // ---- exercise 6 end ----
+        // ---- exercise 12 end ----
     }
 
     // Swapped-out requests come back before anything new is admitted (vLLM
     // V0's order): their K/V are waiting in host memory, and a queue head that
     // cannot come back yet blocks new admissions too.
     bool resume(Scheduler& s, SchedulerOutput& out, int& budget) override {
+        // ---- exercise 12 begin: lab L3: swap out and back in ----
+        // Back in: front of swapped_ first, while budget and max_num_seqs
+        // allow. Grow its empty table to num_computed_tokens + n (n: what it
+        // still needs, capped by the budget); if the pool cannot, stop (it
+        // stays at the front). Copy its host slots into the new blocks
+        // (copy_in, logical order), give the slots back, count stats_
+        // (num_swap_ins, blocks_swapped_in, bytes_in), s.start_running it.
+        // Return true only when nobody is left swapped out: until then no new
+        // request is admitted.
         while (!swapped_.empty() && budget > 0 && (int)s.running().size() < s.config().max_num_seqs) {
             Request* req = swapped_.front();
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
@@ -236,17 +245,18 @@ public:
             s.start_running(req, n, out, budget);
         }
         return swapped_.empty();
+        // ---- exercise 12 end ----
     }
 
     Admit admission(const Scheduler& s, const Request& req, Admit a) override {
-        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // ---- exercise 13 begin: lab L3: reservation and the watermark ----
         // Reserve: must_hold and alloc_tokens are the request's longest
         // sequence (sequence_cap). The watermark keeps its share of
         // the pool free, but only while something runs.
         if (cfg_.admission == Admission::kReserve) a.must_hold = a.alloc_tokens = sequence_cap(s, req);
         if (!s.running().empty()) a.keep_free = (int64_t)(cfg_.watermark * s.pool().num_blocks());
         return a;
-        // ---- exercise 7 end ----
+        // ---- exercise 13 end ----
     }
 
     bool forget(Request& r) override {

@@ -287,7 +287,7 @@ class GpuRunner : public ModelRunner {
 public:
     // `math` picks the GEMM and attention kernels every step uses: the
     // straightforward ones when none is given (what the gdb walk and exercise
-    // 9 follow), or a faster set (lab/fast_gpu.cuh). One choice for the
+    // 10 follow), or a faster set (lab/fast_gpu.cuh). One choice for the
     // runner's whole life: a choice per batch would make a token's bits
     // depend on its batch.
     explicit GpuRunner(const Model& m, std::unique_ptr<GpuMath> math = nullptr)

@@ -3,6 +3,8 @@
 #
 #   make            every example and the test binary (CPU build)
 #   make run        the main demo
+#   make view       make run's workload recorded step by step: build/view.html (open it
+#                   in a browser, offline) and build/trace.json (open it in Perfetto)
 #   make test       build everything and run the doctest suite (doctest itself is
 #                   installed or fetched on first use: tests/get_doctest.sh)
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
@@ -41,6 +43,13 @@
 #                   implementations and cheats fail (tests/exercises/wrong/)
 #   make clean
 
+# Every core by default: a plain `make test` from a clean clone compiles the
+# suites side by side. An explicit -jN (CI's -j2, or -j1 to read the log in
+# order) wins.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
 BUILD    ?= build
 OPT      ?= -O2
 OPENMP   ?= 1
@@ -60,9 +69,12 @@ SANFLAGS ?=
 CXXFLAGS += $(KIT_CXXFLAGS)
 CXXFLAGS += $(SANFLAGS)
 
-# The HTTP example's own headers only rebuild what includes them.
+# The HTTP example's own headers only rebuild what includes them; so do the
+# viewer's (build/overload, build/serve and the viewer suite: see "the
+# viewer's page" below).
 HTTP_HEADERS := examples/openai_api.hpp examples/sse_client.hpp
-HEADERS  := $(filter-out $(HTTP_HEADERS),$(wildcard *.cuh *.hpp core/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh))
+VIEWER_HEADERS := examples/recorder.hpp examples/trace.hpp examples/viewer_page.hpp
+HEADERS  := $(filter-out $(HTTP_HEADERS) $(VIEWER_HEADERS),$(wildcard *.cuh *.hpp core/*.hpp core/emu/*.hpp tiny_model/*.hpp tiny_model/*.cuh examples/*.hpp lab/*.hpp lab/*.cuh))
 # The programs: examples/ (make run's demo, generate, kv_tour, ...) and lab/
 # (benches, studies, the simulator's own programs). Both build to $(BUILD)/NAME.
 EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst lab/%.cpp,%,$(wildcard lab/*.cpp))
@@ -100,7 +112,7 @@ HTTP_PROGRAMS := serve loadgen
 HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
 HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
-.PHONY: all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
+.PHONY: view view-png all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
         exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve soak
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
 
@@ -132,7 +144,7 @@ $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(TEST_HEADERS) | check-doctest
 	$(CXX) $(CXXFLAGS) $(test_opt) -c $< -o $@
 
 # The serve suites talk HTTP: they need the HTTP libraries too.
-HTTP_TESTS := test_serve test_serve_edge
+HTTP_TESTS := test_serve test_serve_edge test_viewer
 $(patsubst %,$(BUILD)/obj/tests/%.o,$(HTTP_TESTS)): $(BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(HTTP_HEADERS) $(wildcard tests/*.hpp) | check-doctest check-httpdeps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(test_opt) $(HTTP_CFLAGS) -c $< -o $@
@@ -147,6 +159,17 @@ check-httpdeps:
 
 run: $(BUILD)/overload
 	./$(BUILD)/overload
+
+# The viewer (examples/viewer/, examples/recorder.hpp): make run's workload
+# as one page and as a trace; overload says where they are.
+view: $(BUILD)/overload
+	./$(BUILD)/overload --no-lanes --view $(BUILD)/view.html --trace $(BUILD)/trace.json
+# The picture of the page at the first preemption that the docs show
+# (examples/viewer/first-preemption.png): the viewer's browser test takes it
+# (build/viewer-2-first-preemption.png), this copies it.
+view-png: $(BUILD)/tests $(BUILD)/overload
+	./$(BUILD)/tests -ts=viewer -tc='*browser*'
+	cp build/viewer-2-first-preemption.png examples/viewer/first-preemption.png
 
 # The server, in the foreground (Ctrl-C stops it). `make run`'s cache: 40
 # blocks of 16 tokens, so build/loadgen's default workload preempts.
@@ -223,7 +246,7 @@ check-clang: check-doctest check-httpdeps
 
 # ThreadSanitizer over the emulated kernels: each CUDA thread is a fiber that
 # TSan tracks like a thread, and a barrier is declared as the order it gives
-# (core/cuda_emulation.hpp), so a missing barrier is a data race TSan reports. Only the suites
+# (core/emu/cuda_emulation.hpp), so a missing barrier is a data race TSan reports. Only the suites
 # that launch kernels are built and run: kernels (tests/test_kernels.cpp,
 # tests/test_gpu_gemm.cpp), kv_dtype and swap (the kernel path over f16/int8
 # caches and through swap).
@@ -322,6 +345,18 @@ $(CUDA_BUILD)/obj/tests/%.o: tests/%.cpp $(HEADERS) $(wildcard tests/*.hpp) | ch
 
 $(CUDA_BUILD)/tests: $(CUDA_TEST_OBJS)
 	$(NVCC) $(CUDA_ARCH) $^ -o $@ -lgomp
+
+# ---- the viewer's page ---------------------------------------------------------
+# Its files become C++ constants (examples/viewer/embed.sh) that build/overload
+# and build/serve carry (examples/viewer_page.hpp): no file is looked up at run
+# time. The header goes to build/gen/ whatever BUILD is.
+VIEWER_FILES  := examples/viewer/viewer.html examples/viewer/viewer.css examples/viewer/viewer.js
+VIEWER_ASSETS := build/gen/viewer_assets.hpp
+$(VIEWER_ASSETS): $(VIEWER_FILES) examples/viewer/embed.sh
+	examples/viewer/embed.sh $@ $(VIEWER_FILES)
+$(BUILD)/overload $(BUILD)/serve $(CUDA_BUILD)/overload $(CUDA_BUILD)/serve: $(VIEWER_HEADERS) $(VIEWER_ASSETS)
+$(BUILD)/obj/tests/test_viewer.o: $(VIEWER_HEADERS)
+check-clang: $(VIEWER_ASSETS)
 
 clean:
 	rm -rf build

@@ -1,22 +1,19 @@
-// engine.hpp -- chapters 6 and 7: the step loop, and what the client sees.
+// engine.hpp -- chapters 5 and 6: the step loop, and what the client sees.
 //
 //   step():  schedule -> build the flat batch -> forward -> sample ->
 //            append tokens -> stream them -> finish and free
 //
-// Here too lives what lets a reader *observe* preemption: the stream of events
-// a client would see (tokens, and the pauses between them) and the metrics an
-// operator would see (core/metrics.hpp), named as vLLM names them.
+// Here too is what lets you *observe* preemption: the events a client would
+// see (tokens, and pauses) and an operator's metrics (core/metrics.hpp).
 //
 // vLLM V1 splits this loop across processes: the engine core runs schedule(),
-// the model executor runs the forward pass (and samples on the GPU),
+// the model executor the forward pass and sampling, the scheduler's
 // update_from_output() appends tokens and checks stops, and a front-end
-// process detokenizes and streams. We do all of it in one thread, in step(),
-// whose phases are the named functions below, so the life of a token reads in
-// one sitting. The price: no overlap between scheduling and the forward pass.
+// process detokenizes and streams. We do it all in one thread, in step(), so
+// the life of a token reads in one sitting; the price is no overlap.
 //
 // The engine never touches weights or KV memory: a ModelRunner
-// (tiny_model/runner.hpp) owns both, and the caller chooses which one
-// (examples/devices.hpp turns --device into one).
+// (tiny_model/runner.hpp) owns both; examples/devices.hpp makes one.
 #pragma once
 
 #include <algorithm>
@@ -44,14 +41,11 @@ namespace pkv {
 // 1. What a client sees: the event stream
 // ============================================================================
 //
-// A client of an inference server gets tokens as they are sampled, then an
-// end of stream. We add the state changes a client never sees (kPreempted,
-// kResumed), so that examples/overload can mark where a stream paused; a real
-// server simply sends nothing for a while (examples/serve.cpp).
-// Order within one step: preempted and resumed events first (decided by
-// schedule()), then, request by request, its token and, if that token stopped
-// it, its kFinished. A token is emitted exactly once, when it is sampled; a
-// recompute re-runs positions whose tokens were already streamed, silently.
+// A client gets tokens as they are sampled, then an end of stream. We add what
+// a client never sees (kPreempted, kResumed) to mark where a stream paused
+// (OpenAI's stream has no such event). Within a step: preempted and resumed
+// first, then per request its token and, if it stopped it, its kFinished. A
+// token is emitted once, when sampled; a recompute re-runs it silently.
 
 enum class EventType { kToken, kPreempted, kResumed, kFinished, kRejected };
 
@@ -60,9 +54,7 @@ struct StreamEvent {
     int request_id;
     double time;
     int token = -1;         // kToken: the token id
-    // kToken: its index among the request's outputs. It runs 0, 1, 2, ...
-    // without gaps or repeats, preempted or not: a client can check that.
-    int output_index = -1;
+    int output_index = -1;  // kToken: 0, 1, 2, ... among its outputs, no gap or repeat, preempted or not
     FinishReason reason = FinishReason::kNone;  // kFinished / kRejected
 };
 
@@ -77,17 +69,14 @@ struct EngineConfig {
     int block_size = 16;
     bool enable_prefix_caching = false;
     SchedulerConfig sched;     // sched.max_model_len 0 = derive
-    // llama2.c's "</s>". run.c (and examples/generate) stop on BOS instead;
-    // examples/overload sets ignore_eos so every request does the same work.
-    int eos_token_id = 2;
+    int eos_token_id = 2;  // llama2.c's "</s>" (run.c stops on BOS; examples/overload ignores EOS)
     double log_interval_s = 5.0;  // periodic log line (on_log); <= 0 = never
-    // The cache's element type (core/kv_dtype.hpp), and optionally its size as
-    // a byte budget: kv_cache_bytes > 0 derives num_blocks from it.
+    // The cache's element type (core/kv_dtype.hpp); kv_cache_bytes > 0 derives
+    // num_blocks from a byte budget (vLLM's kv_cache_memory_bytes).
     KVDtype kv_dtype = KVDtype::kF32;
     uint64_t kv_cache_bytes = 0;
-    // Every latency sample kept (exact percentiles for a report), or false:
-    // histogram buckets only, for a server whose memory must not grow with
-    // the requests it serves (core/metrics.hpp section 1; examples/serve.cpp).
+    // Every latency sample kept (exact percentiles), or false: histogram
+    // buckets only, for a server whose memory must stay flat (core/metrics.hpp).
     bool keep_latency_samples = true;
 };
 
@@ -96,30 +85,31 @@ public:
     using StreamCallback = std::function<void(const StreamEvent&)>;
     using LogCallback = std::function<void(const std::string&)>;
 
-    // Members are built in declaration order, a dependency chain: the runner
-    // (it knows the model and its memory), cfg_ derived and checked against
-    // it, the pool sized from cfg_, the scheduler checking max_model_len
+    // Members are built in declaration order, a dependency chain: the runner,
+    // cfg_ derived from it, the pool sized from cfg_, the scheduler checked
     // against the pool; last, the runner allocates the KV cache itself.
     Engine(std::unique_ptr<ModelRunner> runner, EngineConfig cfg, Clock* clock = nullptr)
         : runner_(std::move(runner)), cfg_(derive(runner_.get(), cfg)),
           geo_{model().n_layers, cfg_.num_blocks, cfg_.block_size, model().n_kv_heads, model().head_dim(), cfg_.kv_dtype},
           pool_(cfg_.num_blocks, cfg_.block_size, cfg_.enable_prefix_caching), sched_(cfg_.sched, pool_),
           clock_(clock ? clock : &wall_clock_), log_(clock_->now()) {
-        runner_->init_kv_cache(geo_, cfg_.sched.swap_space_blocks);
+        runner_->init_kv_cache(geo_);
         metrics_.keep_samples(cfg_.keep_latency_samples);
     }
     // The scheduler refers to pool_, requests into its queues: no copies.
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
-    // Both run synchronously inside step(), add_request() or abort(). on_event
-    // may abort any request, even the one whose token it is handling; it must
-    // not call step() or add_request().
+    // Both run inside step(), add_request() or abort(). on_event may abort any
+    // request, even the one whose token it handles; never step() or add_request().
     StreamCallback on_event;  // every token and state change, as it happens
     LogCallback on_log;       // the periodic vLLM-style log line
+    // An observer of each step's decision, right after schedule(); empty
+    // unless something records the run (examples/recorder.hpp). It may read
+    // the engine, not change it.
+    std::function<void(const SchedulerOutput&)> on_schedule;
 
-    // What examples and tests read. Nothing here changes state: a request
-    // enters through add_request, leaves through abort or a finish in step().
+    // What examples and tests read; nothing here changes state.
     const EngineConfig& config() const { return cfg_; }
     const Metrics& metrics() const { return metrics_; }
     const Config& model() const { return runner_->model_config(); }
@@ -130,16 +120,14 @@ public:
     Request* request(int id) { return sched_.request(id); }
     double now() { return clock_->now(); }
     bool has_unfinished() const { return sched_.has_unfinished(); }
-    size_t block_bytes() const { return geo_.bytes_per_block(); }  // all layers, K and V: one swap copy
+    const KVGeometry& geometry() const { return geo_; }  // the cache's shape: blocks, layers, heads, dtype
 
     // ---- the door ---------------------------------------------------------------
 
-    // Returns the request id. A rejected request still gets one, finished
-    // (rejected) with a reason and a kRejected event. Rejection happens here,
-    // never later: once accepted, a request finishes (or is aborted by its
-    // client, or fails alone). We check what only the engine knows (the
-    // prompt's token ids against the vocabulary) and the sampling parameters
-    // (check_request, tiny_model/sampler.hpp); the scheduler adds the rest.
+    // Returns the request id; a rejected request gets one too, with a reason
+    // and a kRejected event. Rejection happens here, never later. We check the
+    // token ids against the vocabulary and the sampling parameters
+    // (check_request, tiny_model/sampler.hpp); the scheduler checks the rest.
     int add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
         const double t = clock_->now();
         const std::string invalid = check_request(prompt, params, model().vocab_size);
@@ -152,10 +140,10 @@ public:
     }
 
     // A client hung up. Between steps its blocks are free when this returns.
-    // From inside a step (an on_event callback) the stream ends at once, and
-    // the scheduler applies the abort when the step ends: this step's batch
-    // was built with the request's blocks. vLLM also applies aborts between
-    // steps. false for a request finished, already aborted, or unknown.
+    // From inside a step (an on_event callback) the stream ends at once and
+    // the blocks are freed when the step ends: this step's batch uses them.
+    // (vLLM can see an abort while a batch runs too; update_from_output then
+    // drops that request's output.) false for one finished or unknown.
     bool abort(int id) {
         const double t = clock_->now();
         Request* r = sched_.request(id);
@@ -170,35 +158,27 @@ public:
     // ---- one engine step -----------------------------------------------------------
     //
     // (a) The scheduler decides who runs and who is preempted; (b) every
-    // scheduled token goes side by side into one flat batch; (c) one forward
-    // pass writes K/V for all of them and gives logits for the last token of
-    // each sequence fully computed; (d) we sample, stream and finish. As in
-    // vLLM V1 there is no "prefill step" and "decode step": a step mixes
-    // decodes, prefill chunks and recomputes. Returns the tokens computed.
+    // scheduled token goes into one flat batch; (c) one forward pass writes
+    // K/V for all of them and gives logits for each sequence fully computed;
+    // (d) we sample, stream and finish. As in vLLM V1 a step mixes decodes,
+    // prefill chunks and recomputes. Returns the tokens computed.
     int step() {
         in_step_ = true;  // abort() from a callback now defers (see abort)
         struct Reset { bool& f; ~Reset() { f = false; } } reset{in_step_};  // even if a phase throws
         SchedulerOutput so = sched_.schedule();
-        // A policy that swaps (lab/policies.hpp) asks for block copies before the
-        // forward pass: a victim's freed blocks keep its K/V until the pass writes them.
-        runner_->apply_swaps(so.swap_out, so.swap_in);
-        metrics_.on_swap(so.swap_out.size(), so.swap_in.size(), block_bytes());
+        if (on_schedule) on_schedule(so);
         const double t = clock_->now();
         for (const auto& [list, type] : {std::pair{&so.preempted, EventType::kPreempted}, std::pair{&so.resumed, EventType::kResumed}})
             for (Request* r : *list)
                 if (!abort_pending(r->id)) emit({type, r->id, t});  // a callback may abort one announced later
-        // Cannot happen (add_request rejects what can never fit); if it ever
-        // does, fail loudly instead of spinning forever.
+        // Cannot happen (add_request rejects what can never fit): fail loudly.
         if (so.scheduled.empty() && sched_.has_unfinished()) throw std::logic_error("engine made no progress with requests pending");
         StepBatch sb = build_batch(so);
         run_forward(sb);
-        // A modelled runner's step took simulated time: tokens come at its end.
-        if (const double d = runner_->take_modelled_seconds(); d >= 0) clock_->advance(d);
         account_and_commit(sb);
         sample_and_stream(sb);
-        // (e) Aborts asked for during the step free their blocks only now,
-        // when no batch refers to them; then end_step's log callback may
-        // abort directly again.
+        // (e) Aborts asked for during the step free their blocks now, when no
+        // batch refers to them; end_step's log callback may abort directly.
         for (int id : pending_aborts_) sched_.abort(id, clock_->now());
         pending_aborts_.clear();
         in_step_ = false;
@@ -206,12 +186,10 @@ public:
         return so.total_num_scheduled_tokens;
     }
 
-    // The offline loop (examples/overload); a server instead steps while
-    // requests keep arriving (examples/serve.cpp).
+    // The offline loop (examples/overload); a server steps as requests arrive.
     void run_until_done() { while (has_unfinished()) step(); }
 
-    // "" when the pool agrees with every block table (core/block_pool_check.hpp)
-    // and the scheduling policy with itself. Randomized tests call it every step.
+    // "" when the pool agrees with every block table and the policy with itself.
     std::string check_invariants() const {
         std::string e = pkv::check_invariants(pool_, sched_.all_block_tables());
         return e.empty() ? sched_.policy().check_invariants(sched_) : e;
@@ -220,11 +198,10 @@ public:
     // The caller is done with a finished request: forget it (Scheduler::release).
     bool release(int id) { return sched_.release(id); }
 
-    // The periodic line (its throughputs average since the previous line, on
-    // demand or periodic alike) and the Prometheus text (core/metrics.hpp),
-    // its samples labelled with `labels` (model_name="..."). The gauges are
-    // read as of the call: between steps an abort frees blocks and a new
-    // request waits, and an idle engine takes no step to notice.
+    // The periodic line (throughputs since the previous line) and the
+    // Prometheus text (core/metrics.hpp), labelled with `labels`
+    // (model_name="..."). Gauges are read as of the call: an idle engine takes
+    // no step to notice an abort or a new request.
     std::string log_line() { return log_.line(metrics_, clock_->now()); }
     std::string prometheus(const std::string& labels = "") {
         refresh_gauges();
@@ -232,14 +209,12 @@ public:
     }
 
 private:
-    // Size the KV cache against the model and the runner's memory before
-    // anything is allocated (size_kv_cache, tiny_model/runner.hpp): num_blocks
-    // from a byte budget, max_model_len derived when 0.
+    // Size the KV cache before anything is allocated (size_kv_cache,
+    // tiny_model/runner.hpp): num_blocks, and max_model_len when 0.
     static EngineConfig derive(const ModelRunner* runner, EngineConfig c) {
         if (!runner) throw std::invalid_argument("Engine: no model runner");
         if (!std::isfinite(c.log_interval_s)) throw std::invalid_argument("log_interval_s must be a finite number of seconds");
-        const KVCacheSpec kv = size_kv_cache(*runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.swap_space_blocks,
-                                                      c.sched.max_model_len});
+        const KVCacheSpec kv = size_kv_cache(*runner, {c.num_blocks, c.block_size, c.kv_dtype, c.kv_cache_bytes, c.sched.max_model_len});
         c.num_blocks = kv.num_blocks;
         c.sched.max_model_len = kv.max_model_len;
         return c;
@@ -247,9 +222,8 @@ private:
 
     // ---- step phases ---------------------------------------------------------------
 
-    // One step's working set: the scheduler's decision, the flat batch built
-    // from it, and which requests get a logits row (only those whose chunk
-    // reaches the end of their sequence sample a token).
+    // One step's working set: the decision, the flat batch built from it, and
+    // the requests that get a logits row (their chunk ends their sequence).
     struct StepBatch {
         const SchedulerOutput& so;
         ForwardBatch batch;
@@ -258,15 +232,12 @@ private:
         bool all_greedy = true;         // then greedy_ holds the argmax of each row, not logits_
     };
 
-    // (b) Each request contributes tokens [num_computed, num_computed + n) of
-    // prompt + outputs: one for a decode, many for a prefill chunk or a
-    // recompute. The forward pass cannot tell which, because every token
-    // carries its own position and block table row (ForwardBatch).
+    // (b) Each request contributes tokens [num_computed, num_computed + n):
+    // one for a decode, many for a prefill chunk or a recompute. The forward
+    // pass cannot tell which: every token carries its position and table row.
     StepBatch build_batch(const SchedulerOutput& so) {
         StepBatch sb{so, {}, {}, std::vector<char>(so.scheduled.size(), 0), true};
-        // Block-table rows only for a runner that reads them (a simulated GPU
-        // does not), each as wide as the longest table: one allocation a step.
-        sb.batch.with_tables = runner_->needs_block_tables();
+        // Block-table rows as wide as the longest table: one allocation a step.
         size_t width = 0;
         for (const ScheduledRequest& s : so.scheduled) width = std::max(width, s.req->block_table.blocks.size());
         sb.batch.reserve((int)so.scheduled.size(), (int)width);
@@ -278,21 +249,16 @@ private:
             sb.batch.add_sequence(r->block_table.blocks, cfg_.block_size, r->tokens.data() + first, first, s.num_new_tokens, reaches_end);
             if (!reaches_end) continue;
             sb.sampled.push_back(r);
-            sb.batch.logits_seed.push_back(r->params.seed);
-            sb.batch.logits_output_index.push_back(r->num_output_tokens());
         }
         // All greedy: the runner returns each row's argmax, computed where the
-        // logits are (on a GPU, one int per row comes back instead of a row).
-        // A runner that produces tokens itself is asked the same way.
+        // logits are (from a GPU, one int per row instead of a row).
         for (const Request* r : sb.sampled) sb.all_greedy = sb.all_greedy && r->params.temperature == 0.0f;
-        sb.all_greedy = sb.all_greedy || runner_->produces_tokens();
         return sb;
     }
 
-    // (c) The forward pass fills logits_ (or greedy_) with one row per entry
-    // of `sampled`. A request whose input made the pass fail is found by
-    // running each alone (forward_isolating, tiny_model/runner.hpp): it
-    // finishes with the error, the others keep their rows.
+    // (c) The forward pass fills logits_ (or greedy_), one row per `sampled`.
+    // If it fails, forward_isolating (tiny_model/runner.hpp) runs each request
+    // alone: the culprit finishes with the error, the others keep their rows.
     void run_forward(StepBatch& sb) {
         if (sb.batch.num_tokens() == 0) return;
         const std::vector<std::string> why = forward_isolating(*runner_, sb.batch, sb.all_greedy, logits_, greedy_);
@@ -303,11 +269,10 @@ private:
             }
     }
 
-    // Accounting, and telling the scheduler what was computed. A chunk covers
-    // positions [first, first + n): those below the high-water mark were
-    // computed before a preemption threw their K/V away (recomputed); prompt
-    // positions above it are prompt work; the rest is decode. Prefix-cache
-    // hits are in no chunk: they start `first` above zero, which is what they save.
+    // Accounting, and telling the scheduler what was computed. Of a chunk's
+    // positions [first, first + n), those below the high-water mark are
+    // recomputed; prompt positions above it are prompt work; the rest decode.
+    // Prefix-cache hits are in no chunk: they start `first` above zero.
     void account_and_commit(StepBatch& sb) {
         const double t = clock_->now();
         for (size_t i = 0; i < sb.so.scheduled.size(); ++i) {
@@ -338,8 +303,7 @@ private:
             if (r.finished() || abort_pending(r.id)) continue;  // failed, or aborted earlier in this step
             const int out_index = r.num_output_tokens();
             // The coin depends only on (seed, output index), never on the step
-            // or the batch: a recomputed request draws the same coin for its
-            // k-th token as it would have without preemption (sampler.hpp).
+            // or the batch: preempted or not, the k-th token draws the same coin.
             const int token = sb.all_greedy ? greedy_[i] : sample_request_token(logits_.data() + i * V, V, r.params, out_index, scratch_);
             r.tokens.push_back(token);
             metrics_.on_token(t, r.arrival_time, r.last_token_time);  // TTFT, or the gap (a pause included)
@@ -356,8 +320,8 @@ private:
     }
 
     // Why `r` stops after `token` (kNone: it goes on). A stop token wins over
-    // a length limit reached by the same token; vLLM's check_stop tests the
-    // lengths first (then it is "length" there, "stop" here; the same tokens).
+    // a length limit reached by the same token, as vLLM's check_stop decides
+    // (vLLM 0.9 tested the lengths first, and called it "length").
     FinishReason stop_reason(const Request& r, int token) const {
         if (token == cfg_.eos_token_id && !r.params.ignore_eos) return FinishReason::kStop;
         if (std::find(r.params.stop_token_ids.begin(), r.params.stop_token_ids.end(), token) != r.params.stop_token_ids.end())
@@ -374,12 +338,12 @@ private:
     bool abort_pending(int id) const { return std::find(pending_aborts_.begin(), pending_aborts_.end(), id) != pending_aborts_.end(); }
     void emit(const StreamEvent& e) { if (on_event) on_event(e); }
 
-    // Metrics as one consistent snapshot per step, taken when finished
-    // requests' blocks are back in the pool; requests a policy holds count as
-    // waiting, and its own counters are copied in too.
+    // Metrics as one snapshot per step, once finished requests' blocks are
+    // back in the pool; requests a policy holds count as waiting.
     void end_step() {
-        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting(), sched_.stats());
-        sched_.policy().report(metrics_);
+        const SchedulerStats& s = sched_.stats();
+        metrics_.on_step_end(pool_.kv_cache_usage_perc(), (int)sched_.running().size(), num_waiting(), s.num_preemptions_total,
+                             s.prefix_cache_queries, s.prefix_cache_hits);
         clock_->on_step_end();
         if (on_log && cfg_.log_interval_s > 0 && clock_->now() - log_.last_time() >= cfg_.log_interval_s) on_log(log_line());
     }

@@ -1,5 +1,5 @@
 // paged_kv.cuh -- where keys and values live, and how attention reads them
-// through block tables (TUTORIAL.md chapters 1, 2 and 8).
+// through block tables (TUTORIAL.md chapters 1, 7 and 8).
 //
 // The block pool (core/block_pool.hpp) decides *which* block a token position
 // uses; this header is about the bytes inside those blocks:
@@ -13,12 +13,12 @@
 //      default, and the oracle every faster kernel is tested against;
 //   4. the CUDA kernels: reshape_and_cache and paged_attention, a
 //      straightforward single-pass kernel to learn from (they also run on the
-//      CPU, emulated, through core/cuda_shim.hpp).
+//      CPU, emulated, through core/emu/cuda_shim.hpp).
 //
 // The faster readers of the cache live in lab/ and are chosen by the device
 // factory (examples/devices.hpp): paged_attention_cpu (lab/fast_cpu.hpp),
-// bit-identical to section 3, and vLLM v2's partition + merge pair
-// (lab/attention_partitioned.cuh).
+// bit-identical to section 3, and the partition + merge pair of vLLM's
+// paged_attention v2 (lab/attention_partitioned.cuh).
 //
 // Read it top to bottom; each section only uses what came before it.
 #pragma once
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "core/kv_dtype.hpp"
 
 namespace pkv {
@@ -66,8 +66,9 @@ namespace pkv {
 //   [num_blocks, block_size, num_kv_heads, head_dim]
 // so one token's vectors for all kv heads sit next to each other, and one head
 // vector (head_dim floats) is contiguous: the unit every attention loop reads.
-// vLLM's CUDA backend splits head_dim further ("x" packing) for 16-byte loads;
-// we keep the plain layout because it reads the same on paper and in code.
+// vLLM's legacy CUDA kernels (paged_attention v1/v2) split head_dim further
+// ("x" packing) for 16-byte loads; we keep the plain layout because it reads
+// the same on paper and in code.
 
 struct KVGeometry {
     int num_layers = 0;
@@ -225,7 +226,7 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
                                 const int32_t* token_seq,     // [num_tokens] row of block_tables
                                 const int32_t* positions,     // [num_tokens] ctx = position + 1
                                 int num_tokens, const AttentionShape& s) {
-    // ---- exercise 8 begin: paged attention on the CPU ----
+    // ---- exercise 9 begin: paged attention on the CPU ----
     // For each token t and query head h: its sequence's row of block_tables,
     // ctx = positions[t] + 1 keys, kv head h / (n_heads / n_kv_heads). Read
     // key and value j through slot_of and kv_load. Then exactly the math
@@ -266,7 +267,7 @@ inline void paged_attention_ref(float* out,                   // [num_tokens, n_
             }
         }
     }
-    // ---- exercise 8 end ----
+    // ---- exercise 9 end ----
 }
 
 // The same over plain float32 caches.
@@ -283,11 +284,11 @@ inline void paged_attention_ref(float* out, const float* q, const float* k_cache
 // 4. The CUDA kernels
 // ============================================================================
 //
-// Two operations touch the cache, exactly as in vLLM: one writes it
+// Two operations touch the cache, as in vLLM's legacy kernels: one writes it
 // (reshape_and_cache), one reads it (paged_attention). Both are ordinary CUDA;
-// under g++ they run emulated (core/cuda_shim.hpp), which is how `make test`
+// under g++ they run emulated (core/emu/cuda_shim.hpp), which is how `make test`
 // checks them against section 3 on a machine with no GPU. Each is a function
-// template, most with nothing to template on: core/cuda_shim.hpp's rules say
+// template, most with nothing to template on: core/emu/cuda_shim.hpp's rules say
 // why a kernel defined in a header must be one.
 
 // Elements d..d+3 of kv head h in `slot`, for any dtype, as one load on a GPU
@@ -371,12 +372,12 @@ struct AttentionArgs {
 //      into its registers, in order of j.
 // At the end, out = acc / sum. Everything is float32.
 //
-// What production kernels add on top: vLLM's paged_attention v2 splits a long
-// context across several thread blocks ("split-KV", then a reduction kernel)
+// What production kernels add on top: vLLM's legacy paged_attention v2
+// splits a long context across thread blocks ("split-KV", then a reduction)
 // so a single decode fills the GPU, and uses warp shuffles for the dot
 // products. Both are in lab/attention_partitioned.cuh, which the programs run
 // by default (examples/devices.hpp chooses it); this kernel is the one to read
-// first, and the one the gdb walk and exercise 9 follow. Beyond both: fp16/bf16 arithmetic and fp8 caches; FlashInfer
+// first, and the one the gdb walk and exercise 10 follow. Beyond both: fp16/bf16 arithmetic and fp8 caches; FlashInfer
 // pipelines tiles with cp.async (on Hopper, TMA) so the next tile loads while
 // this one computes, and uses tensor cores for the QK^T and PV products of
 // prefill. We do none of that: synchronous loads, CUDA cores, float32 --
@@ -445,7 +446,7 @@ PKV_KERNEL void paged_attention_kernel(AttentionArgs args, int tk) {
             vr[0] = a; vr[1] = b; vr[2] = c; vr[3] = e;
         }
         syncthreads();
-        // ---- exercise 9 begin: the paged-attention kernel ----
+        // ---- exercise 10 begin: the paged-attention kernel ----
         // The tile's K and V are in shared memory (sk rows padded to hd + 1,
         // sv), q in sq. 2: every (head, key) score into sp[h * tk + j], with
         // the loop over pairs strided by the block's threads. 3: one thread per
@@ -491,7 +492,7 @@ PKV_KERNEL void paged_attention_kernel(AttentionArgs args, int tk) {
             acc[r] = a;
         }
         syncthreads();  // the next tile overwrites sk, sv, sp
-        // ---- exercise 9 end ----
+        // ---- exercise 10 end ----
     }
     float* og = args.out + ((size_t)t * s.n_heads + (size_t)kvh * G) * hd;
     for (int r = 0; r < kAttnMaxPairsPerThread; ++r) {

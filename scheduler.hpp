@@ -1,4 +1,4 @@
-// scheduler.hpp -- chapters 3, 4 and 5: who runs this step, and what happens
+// scheduler.hpp -- chapters 2, 3 and 4: who runs this step, and what happens
 // when the KV cache runs out of free blocks.
 //
 // A paged engine admits a request on the blocks it needs *now* (its prompt),
@@ -10,27 +10,28 @@
 // again, prefill re-runs over its prompt plus every token it already generated
 // (recompute); prefix caching can serve the blocks not evicted yet.
 //
-// The model is vLLM V1's vllm/v1/core/sched/scheduler.py, with the block work
-// of its kv_cache_manager.py done by core/block_pool.hpp and
-// core/prefix_cache.hpp. Same loop shape, same victim, same "no admission in
-// a preempting step". Left out: priorities, speculative decoding, encoders,
-// LoRA. Other engines' answers -- vLLM V0's swap, TensorRT-LLM's reservation,
-// other victims, a watermark, shedding -- plug in through section 3.
+// In this project's comments "vLLM" means vLLM v0.28.0 (tagged August 2026,
+// commit 2cf0a69) unless a comment names another version; "V0" means its
+// older engine as of v0.10.2, the last release we checked that shipped it.
+// The model here is vLLM's vllm/v1/core/sched/scheduler.py: same loop shape,
+// same victim, no admission in a step that preempted. Left out: priorities,
+// speculative decoding, encoders, LoRA. Other answers -- V0's swap,
+// TensorRT-LLM's reservation, other victims, shedding -- plug in at section 3.
 //
-// Where we differ from vLLM V1 (read at commit c59cb79):
-//   - num_computed_tokens advances after the forward pass (on_computed), not
-//     at the end of schedule(); vLLM schedules the next step meanwhile.
-//   - A full block enters the prefix cache once its K/V are computed (as in
-//     nano-vllm), not in allocate_slots; one block per hash, not every one.
+// Where we differ from vLLM V1:
+//   - num_computed_tokens advances after the forward pass (on_computed); vLLM
+//     advances it at the end of schedule(), to schedule the next step early.
+//   - A full block enters the prefix cache once its K/V are computed, not when
+//     allocate_slots hands it out; one block per hash, not every copy.
 //   - Budgets: max_num_batched_tokens and max_num_seqs; no per-request chunk
 //     cap (long_prefill_token_threshold).
 //   - A request that preempts itself: we `continue`, vLLM `break`s; the same
-//     with newest-first victims (all after it went first).
+//     with newest-first victims (everyone after it went first).
 //   - finish() takes a running request only; abort() takes any.
 //   - SchedulerOutput lists (request, tokens) pairs; vLLM's keeps a map.
 //
-// Sections: 1. requests  2. configuration and output  3. the seam where other
-// policies plug in  4. the scheduler.
+// Sections: 1. requests  2. configuration and output  3. the policy seam
+// 4. the scheduler.
 #pragma once
 
 #include <algorithm>
@@ -45,8 +46,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/metrics.hpp"       // SchedulerStats, and Metrics for a policy's report()
-#include "core/prefix_cache.hpp"  // (and core/block_pool.hpp)
+#include "core/prefix_cache.hpp"  // find_cached_prefix, cache_full_blocks (and core/block_pool.hpp)
 #include "tiny_model/sampler.hpp"  // SamplingParams
 
 namespace pkv {
@@ -61,12 +61,11 @@ namespace pkv {
 //        |             (front of waiting)    num_computed_tokens = 0
 //        +--> FINISHED(rejected)     abort: any state --> FINISHED(aborted)
 //
-// PREEMPTED is a waiting state, kept apart only so that schedule() can report
-// who *resumed*. vLLM's RequestStatus has the same core; its "length" finish
+// PREEMPTED is a waiting state, kept apart so that schedule() can report who
+// *resumed*. vLLM's RequestStatus has the same core; its FINISHED_LENGTH_CAPPED
 // covers our kMaxTokens and kMaxModelLen. A prompt that can never run is
-// rejected here (vLLM V1 refuses it before the scheduler), so the client gets
-// the reason as an event. kError: its forward pass failed (engine.hpp) and it
-// finished alone, so the others go on.
+// rejected here, with its reason as an event. kError: its forward pass failed
+// (engine.hpp) and it finished alone, so the others go on.
 
 enum class RequestState { kWaiting, kRunning, kPreempted, kFinished };
 enum class FinishReason { kNone, kStop, kMaxTokens, kMaxModelLen, kAborted, kRejected, kError };
@@ -76,12 +75,10 @@ inline const char* to_string(FinishReason r) {
     return std::array{"none", "stop", "max_tokens", "max_model_len", "aborted", "rejected", "error"}[(size_t)r];
 }
 
-// Prompt and output share one token vector, so "what the model must have
-// computed" is always a prefix of `tokens`, and progress is one number,
+// Prompt and output share one token vector, and progress is one number,
 // num_computed_tokens. That is vLLM V1's central idea: no prefill phase and no
 // decode phase, only num_computed_tokens catching up with num_tokens. A fresh
-// prompt, a chunk of a long one and a recompute after preemption are the same
-// operation with a different gap to close.
+// prompt, a chunk of a long one and a recompute are the same operation.
 struct Request {
     int id = -1;  // arrival order: ids are handed out by add_request
     std::vector<int32_t> tokens;  // prompt followed by every output token so far
@@ -94,17 +91,12 @@ struct Request {
     bool retryable = false;     // a rejection the client may retry (queue full)
 
     // How many of `tokens` have their K/V in the cache; preemption resets it.
-    // Between steps a decoding request has num_tokens() - 1: the token just
-    // sampled has no K/V yet, and computing it is the next step's work.
+    // A decoding request has num_tokens() - 1: the token just sampled is next.
     int num_computed_tokens = 0;
-    // Positions below it computed again are *recomputed*: the price of preemption.
-    int num_computed_high_water = 0;
-    // Empty while waiting (new or preempted): only running requests hold blocks.
-    BlockTable block_table;
-    int num_preemptions = 0;  // how often this request was a victim
-
-    // Timestamps (engine clock, seconds).
-    double arrival_time = 0, first_token_time = -1, last_token_time = -1, finish_time = -1;
+    int num_computed_high_water = 0;  // positions below it computed again are *recomputed*
+    BlockTable block_table;           // empty while waiting: only running requests hold blocks
+    int num_preemptions = 0;          // how often this request was a victim
+    double arrival_time = 0, first_token_time = -1, last_token_time = -1, finish_time = -1;  // engine clock, seconds
 
     int num_tokens() const { return (int)tokens.size(); }
     int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
@@ -118,54 +110,47 @@ struct Request {
 class Scheduler;
 struct SchedulerPolicy;
 
-// The knobs, with vLLM's names. Every one of them trades concurrency
-// (throughput, queueing) against the risk of preemption (recompute, pauses).
+// The knobs, with vLLM's names: each trades concurrency against preemption.
 struct SchedulerConfig {
-    // The bluntest fix for thrash: fewer sequences growing at once cross fewer
-    // block boundaries per step.
-    int max_num_seqs = 16;              // most requests running at once
-    // The work of one step: a long prompt is cut into chunks and cannot stall
-    // the decodes sharing its step (chunked prefill). In `make run`, 256 holds
-    // 8 prompts of 32 tokens: why step 1 admits exactly 8.
+    int max_num_seqs = 16;              // most requests running at once: the bluntest fix for thrash
+    // The work of one step: a long prompt is cut into chunks (chunked
+    // prefill). In `make run`, 256 holds 8 prompts of 32 tokens: step 1 admits 8.
     int max_num_batched_tokens = 256;   // token budget of one step (all requests)
     int max_model_len = 0;              // longest sequence (prompt + output); 0 = derive
     // Admit only if the whole current sequence fits in free blocks, not just
-    // its first prefill chunk; otherwise a long prompt's later chunks preempt
-    // the requests already running: thrash at admission. A check, not a
-    // reservation: only this step's chunk is allocated.
+    // its first chunk, or its later chunks preempt the running requests. A
+    // check, not a reservation: only this step's chunk is allocated.
     bool full_sequence_must_fit = true;
-    // Host swap space the runner allocates (vLLM's CacheConfig.swap_space),
-    // for a policy that swaps.
-    int swap_space_blocks = 0;
-    // Another policy (section 3), made fresh for each scheduler (a factory,
-    // so a config can be copied). Empty = the card's.
+    // Another policy (section 3), made for each scheduler. Empty = the card's.
     std::function<std::unique_ptr<SchedulerPolicy>(const SchedulerConfig&)> policy;
 };
 
-// What schedule() decided for one step. The batch, and so the logits rows,
-// follow the order of `scheduled`.
+// What schedule() decided for one step; the batch follows `scheduled`'s order.
 struct ScheduledRequest {
     Request* req;
     int num_new_tokens;  // tokens to compute this step: 1 for decode, a chunk for prefill
 };
 struct SchedulerOutput {
-    // Running requests first (oldest first), then those a policy brought back,
-    // then admissions from the waiting queue (resumed victims among them).
+    // Running requests (oldest first), those a policy brought back, admissions.
     std::vector<ScheduledRequest> scheduled;
     std::vector<Request*> preempted;          // victims of this step, in preemption order
     std::vector<Request*> resumed;            // previously preempted requests running again
     int total_num_scheduled_tokens = 0;       // the sum of scheduled[i].num_new_tokens
-    // (device block, host slot) copies before the forward pass, out then in;
-    // only a policy that swaps (lab/policies.hpp) asks for any.
-    std::vector<std::pair<int32_t, int32_t>> swap_out, swap_in;
+};
+
+// What the scheduler counts; the engine copies it into its metrics once per
+// step. vLLM's SchedulerStats lives beside its metrics (vllm/v1/metrics/stats.py).
+struct SchedulerStats {
+    long num_preemptions_total = 0;
+    long prefix_cache_queries = 0;  // tokens looked up, once per admission (as vLLM counts)
+    long prefix_cache_hits = 0;     // tokens served from cache at admission
 };
 
 // ============================================================================
 // 3. The seam: where other policies plug in
 // ============================================================================
 //
-// The card answers four questions one way each; these default methods are
-// its answers:
+// The card answers four questions one way each, in these default methods:
 //   who is preempted?            the newest running request (pick_victim)
 //   what becomes of its KV?      freed, recomputed on resume (take_victim)
 //   what must be free to admit?  its whole current sequence (admission)
@@ -174,15 +159,13 @@ struct SchedulerOutput {
 // shedding). The scheduler calls them only at the places marked [seam].
 struct SchedulerPolicy {
     virtual ~SchedulerPolicy() = default;
-    // add_request: "" to queue the request, or why it is refused now (a
-    // retryable refusal: the same request may be accepted a moment later).
+    // add_request: "" to queue the request, or why it is refused now (retryable).
     virtual std::string shed(const Scheduler&, const Request&) { return ""; }
     // Growth failed: whom to preempt, among `running` (not empty, admission order).
     virtual Request* pick_victim(const std::vector<Request*>& running) { return running.back(); }
     // The victim has left running_, blocks still held: true if the policy
-    // takes it over (copies its blocks out, queues it itself); false, and it
-    // is recomputed.
-    virtual bool take_victim(Scheduler&, Request&, SchedulerOutput&) { return false; }
+    // takes it over (copies its blocks out, queues it itself); false: recompute.
+    virtual bool take_victim(Scheduler&, Request&) { return false; }
     // Before admitting anyone (in a step without preemption): bring back the
     // requests it holds; false holds back new admissions this step.
     virtual bool resume(Scheduler&, SchedulerOutput&, int& /*budget*/) { return true; }
@@ -194,7 +177,6 @@ struct SchedulerPolicy {
     virtual bool forget(Request&) { return false; }
     virtual size_t num_held() const { return 0; }  // held requests count as waiting
     virtual std::string check_invariants(const Scheduler&) const { return ""; }  // "" = fine
-    virtual void report(Metrics&) const {}  // its own counters, into the engine's metrics (core/metrics.hpp)
 };
 
 // ============================================================================
@@ -203,15 +185,13 @@ struct SchedulerPolicy {
 
 class Scheduler {
 public:
-    // Checks the config against the pool once, so schedule() never has to.
-    // With max_model_len guaranteed to fit an empty pool, "can this request
-    // ever run?" is a question about its prompt alone (add_request).
+    // Checks the config against the pool once: with max_model_len fitting an
+    // empty pool, "can this request ever run?" asks about its prompt alone.
     Scheduler(const SchedulerConfig& cfg, BlockPool& pool)
         : cfg_(cfg), pool_(pool), policy_(cfg.policy ? cfg.policy(cfg) : std::make_unique<SchedulerPolicy>()) {
         if (cfg_.max_num_seqs <= 0) throw std::invalid_argument("max_num_seqs must be >= 1");
         if (cfg_.max_num_batched_tokens <= 0) throw std::invalid_argument("max_num_batched_tokens must be >= 1");
         if (cfg_.max_model_len <= 0) throw std::invalid_argument("max_model_len must be >= 1 (the engine derives it)");
-        if (cfg_.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
         if (!policy_) throw std::invalid_argument("SchedulerConfig::policy made no policy");
         const int64_t need = blocks_for_tokens(cfg_.max_model_len, pool_.block_size());
         if (need > pool_.num_blocks())
@@ -235,18 +215,14 @@ public:
         const auto it = requests_.find(id);
         return it == requests_.end() ? nullptr : it->second.get();
     }
-    // Requests added so far: ids run 0 .. num_requests() - 1 (a released one
-    // is gone from request()).
+    // Requests added so far: ids run 0 .. num_requests() - 1.
     int num_requests() const { return next_id_; }
     bool has_unfinished() const { return !running_.empty() || !waiting_.empty() || policy_->num_held() > 0; }
 
     // Register a request, or reject it at once with a reason: the caller found
-    // it invalid (`invalid`), it can never run, or the policy sheds it.
-    // "Never" means that alone in an empty pool it would preempt everyone,
-    // then itself, forever. The constructor made max_model_len fit the pool,
-    // so what cannot run is a prompt that leaves no room under max_model_len.
-    // requests_ keeps every request for the report at the end; a server,
-    // which has no end, releases each one it is done with (release()).
+    // it invalid (`invalid`), it can never run (alone in an empty pool it would
+    // preempt itself forever: a prompt with no room under max_model_len), or
+    // the policy sheds it. requests_ keeps every request until release().
     Request* add_request(std::vector<int32_t> prompt, const SamplingParams& params, double now, const std::string& invalid = "") {
         auto r = std::make_unique<Request>();
         r->id = next_id_;
@@ -274,11 +250,10 @@ public:
 
     // ---- one step's decision --------------------------------------------------
     //
-    // (1) Running requests, oldest (admitted earliest) first, each what it
-    //     still needs: 1 token for a decode, a budget-limited chunk of an
-    //     unfinished prefill. Work in progress gets blocks before a newcomer,
-    //     as in vLLM V1. A resumed request re-enters running_ at the back, as
-    //     the newest: the first victim next time.
+    // (1) Running requests, oldest first, each what it still needs: 1 token
+    //     for a decode, a budget-limited chunk of a prefill. Work in progress
+    //     gets blocks before a newcomer, as in vLLM V1. A resumed request
+    //     re-enters running_ at the back: the first victim next time.
     // (2) While allocate_slots cannot grow a request's table to
     //     num_computed_tokens + n, preempt the policy's pick_victim() (it may
     //     be the request itself: then it gets nothing this step).
@@ -318,12 +293,10 @@ public:
         }
         // ---- exercise 5 end ----
 
-        // (3) Admit waiting requests, front first -- but only if nobody was
-        //     preempted this step: admitting now would take the very blocks the
-        //     victims just gave up, and preempt again next step. First come,
-        //     first served: a big request at the head is not overtaken by small
-        //     ones (that would use the pool better and could starve it
-        //     forever); vLLM's FCFS policy stops at the head too.
+        // (3) Admit waiting requests, front first -- only if nobody was
+        //     preempted: admitting now would take the blocks the victims just
+        //     gave up. A big request at the head is not overtaken by small ones
+        //     (that could starve it forever); vLLM's FCFS policy stops there too.
         if (out.preempted.empty() && policy_->resume(*this, out, budget)) {  // [seam]
             while (!waiting_.empty() && budget > 0 && (int)running_.size() < cfg_.max_num_seqs) {
                 Request* req = waiting_.front();
@@ -347,17 +320,16 @@ public:
     }
 
     // ---- after the forward pass -----------------------------------------------
-    // For each scheduled request once its K/V are written. Full blocks enter
-    // the prefix cache only now: a block may be found once its K/V exist.
+    // For each scheduled request once its K/V are written: only now may its
+    // full blocks be found in the prefix cache.
     void on_computed(Request& req, int num_new_tokens) {
         req.num_computed_tokens += num_new_tokens;
         req.num_computed_high_water = std::max(req.num_computed_high_water, req.num_computed_tokens);
         cache_full_blocks(pool_, req.block_table, req.tokens.data(), req.num_computed_tokens);
     }
 
-    // Finish a running request (stop token, a length limit, or an error in
-    // its forward pass). Its blocks go back tail first (free_blocks): a
-    // prompt's head, the part most likely shared, is evicted last.
+    // Finish a running request (a stop, a length limit, a failed forward
+    // pass). Its blocks go back tail first (free_blocks).
     void finish(Request& req, FinishReason reason, double now) {
         if (req.state != RequestState::kRunning)
             throw std::logic_error("Scheduler::finish: request " + std::to_string(req.id) + " is " + to_string(req.state) +
@@ -376,11 +348,9 @@ public:
         return true;
     }
 
-    // Forget a finished request: its memory is freed and request(id) is
-    // nullptr from now on. A server calls it for each request it is done
-    // with (examples/serve.cpp), so its memory does not grow with the number
-    // of requests served. false, changing nothing, for an unfinished or
-    // unknown id: only a finished request holds no blocks and is in no queue.
+    // Forget a finished request (request(id) is nullptr from now on), so a
+    // server's memory does not grow with the requests served. false, changing
+    // nothing, for an unfinished or unknown id.
     bool release(int id) {
         const auto it = requests_.find(id);
         if (it == requests_.end() || !it->second->finished()) return false;
@@ -403,7 +373,7 @@ private:
         retire(req, FinishReason::kRejected, now);  // it holds no blocks yet
     }
 
-    // Leave running_ (if there) and free every block; the caller took it out of waiting_.
+    // Leave running_ (if there) and free every block; waiting_ is the caller's.
     void retire(Request& req, FinishReason reason, double now) {
         running_.erase(std::remove(running_.begin(), running_.end(), &req), running_.end());
         free_blocks(pool_, req.block_table);
@@ -413,11 +383,9 @@ private:
     }
 
     // Preempt `victim`, as vLLM V1's _preempt_request: free everything, forget
-    // the computed tokens, keep the outputs (they are part of what gets
-    // recomputed), go to the front of waiting_, the first to come back.
-    // Victims leave newest first and each goes to the front, so victims 15,
-    // 14, 13 of one step line up as 13, 14, 15, ahead of 16..23: running and
-    // waiting together stay in arrival order, and so does completion, nearly.
+    // the computed tokens, keep the outputs (they are recomputed too), go to
+    // the front of waiting_. Victims 15, 14, 13 of one step line up as 13, 14,
+    // 15, ahead of 16..23: running and waiting stay in arrival order.
     void preempt(Request* victim, SchedulerOutput& out, int& budget) {
         // ---- exercise 6 begin: preempt(): free, forget, requeue ----
         // Leave running_; take back tokens it was given earlier in this step
@@ -435,18 +403,17 @@ private:
         victim->num_preemptions++;
         stats_.num_preemptions_total++;
         out.preempted.push_back(victim);
-        if (policy_->take_victim(*this, *victim, out)) return;  // [seam]
+        if (policy_->take_victim(*this, *victim)) return;  // [seam]
         free_blocks(pool_, victim->block_table);
         victim->num_computed_tokens = 0;
         waiting_.push_front(victim);
         // ---- exercise 6 end ----
     }
 
-    // Admit `req` with at most `budget` new tokens this step: the tokens
-    // scheduled, or 0 (not admitted, nothing changed). Its cached prefix is
-    // already computed; this step's chunk is the rest, capped by the budget.
+    // Admit `req` with at most `budget` new tokens: the tokens scheduled, or 0
+    // (nothing changed). Its cached prefix counts as computed.
     int try_admit(Request* req, int budget) {
-        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // ---- exercise 4 begin: admission and the full-sequence gate ----
         // find_cached_prefix; how many tokens' worth of blocks must be free
         // (the chunk, or the whole current sequence with
         // full_sequence_must_fit), adjusted by the policy; free hits count
@@ -468,7 +435,7 @@ private:
         stats_.prefix_cache_hits += num_cached;
         req->num_computed_tokens = num_cached;
         return n;
-        // ---- exercise 7 end ----
+        // ---- exercise 4 end ----
     }
 
     SchedulerConfig cfg_;

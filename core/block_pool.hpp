@@ -1,14 +1,13 @@
 // core/block_pool.hpp -- chapter 1: who owns which block of the KV cache.
 //
 // The KV cache is cut into fixed-size *blocks* of `block_size` token positions
-// (paged_kv.cuh says what a block holds and where its bytes are). This header
-// is the bookkeeping on top, and nothing else: plain C++, no keys or values,
-// no CUDA. Sections: 1. the block pool: a free list that is also an LRU
-// queue, and reference counts; 2. block tables: growing a request's table,
-// freeing it tail first. The pool owns two helpers: the free list's queue
-// (core/free_block_queue.hpp) and prefix caching's index of which block holds
-// which tokens (core/prefix_index.hpp); how a full block gets its name, and
-// how a new request finds its cached prefix, is core/prefix_cache.hpp.
+// (paged_kv.cuh says what a block holds). This header is the bookkeeping on
+// top: plain C++, no keys or values, no CUDA. Sections: 1. the block pool: a
+// free list that is also an LRU queue, and reference counts; 2. block tables:
+// growing a request's table, freeing it tail first. The pool owns the free
+// list's queue (core/free_block_queue.hpp) and prefix caching's index
+// (core/prefix_index.hpp); core/prefix_cache.hpp names full blocks and finds
+// a new request's cached prefix.
 //
 // A sequence never owns contiguous memory; it owns a list of block ids, its
 // *block table*. Position p lives in logical block p / block_size, which the
@@ -19,10 +18,9 @@
 //   block_table[]        [  7   ,     2   ,   5  ]
 //
 // The scheduler grows tables with allocate_slots() and frees them with
-// free_blocks(); no model runner calls any of it (tiny_model/forward_batch.hpp
-// borrows blocks_for_tokens alone). vLLM splits the same work between
-// block_pool.py (the free queue and the hash map) and kv_cache_manager.py
-// (tables and prefix lookup).
+// free_blocks(); no model runner calls either. vLLM splits the same work
+// between block_pool.py (the free queue and the hash map) and
+// kv_cache_manager.py with the managers under it (tables, prefix lookup).
 #pragma once
 
 #include <algorithm>
@@ -36,8 +34,8 @@
 
 namespace pkv {
 
-// The largest block we accept. vLLM's backends offer up to 256; a few
-// thousand is past any use, and the bound keeps size arithmetic small.
+// The largest block we accept: past any use (vLLM's default is 16; its v0.11
+// config took 1 to 256), and the bound keeps size arithmetic small.
 constexpr int kMaxBlockSize = 4096;
 
 // ceil(num_tokens / block_size), in 64 bits: callers add lengths from the
@@ -53,23 +51,20 @@ inline int64_t blocks_for_tokens(int64_t num_tokens, int64_t block_size) {
 //
 // Every physical block is either referenced (ref_cnt > 0: held by that many
 // block tables, more than one only when prefix caching shares a prefix) or
-// free (ref_cnt == 0, in the free list). With prefix caching a free block may
-// still hold useful cached tokens; a request that hits it pulls it out of the
-// *middle* of the list, in O(1) (core/free_block_queue.hpp says how).
+// free (ref_cnt == 0, in the free list). A free block may still hold cached
+// tokens; a request that hits it pulls it out of the *middle* of the list.
 //
 // The list is also the eviction order: allocation pops from the head; a freed
 // block the prefix cache can find (PrefixIndex::cached) goes to the *tail*, to
 // be evicted last (LRU among cached blocks); one without (a partial block, or
-// every block when prefix caching is off) goes to the *head*: it holds nothing
-// anyone can find, so handing it out first keeps cached ones alive. A request's
-// blocks are freed last logical block first (section 2), so a prompt's tail is
-// evicted before its head, which is what other requests share. vLLM V1 does the
-// same (BlockPool.free_blocks at commit c59cb79: blocks without a hash to the
-// head, cached ones to the tail); earlier V1 versions appended all to the tail.
+// every block when prefix caching is off) goes to the *head*: handing it out
+// first keeps cached ones alive. A request's blocks are freed last logical
+// block first (section 2), so a prompt's shared head is evicted last. vLLM's
+// BlockPool.free_blocks does the same since its pull request #42656 (2026);
+// before that, every freed block went to the tail.
 
-// What the pool itself keeps per block: how many block tables hold it.
-// (vLLM's KVCacheBlock also carries the free-list links and the hash; ours
-// live in FreeBlockQueue and PrefixIndex.)
+// What the pool keeps per block: how many tables hold it. (vLLM's
+// KVCacheBlock also carries the free-list links and the hash.)
 struct KVBlock {
     int32_t ref_cnt = 0;
 };
@@ -83,7 +78,6 @@ public:
         if (block_size < 1 || block_size > kMaxBlockSize)
             throw std::invalid_argument("BlockPool: block_size must be in 1.." + std::to_string(kMaxBlockSize));
         blocks_.resize((size_t)num_blocks);
-        // Initially every block is free, in id order.
         for (int32_t b = 0; b < num_blocks; ++b) free_.push_back(b);
     }
 
@@ -97,15 +91,14 @@ public:
     PrefixIndex& prefix_index() { return index_; }
     const PrefixIndex& prefix_index() const { return index_; }
 
-    // vLLM's gauge: fraction of blocks held by some request. Free blocks that
-    // still carry a cached hash count as free (they can be taken any time).
+    // vLLM's gauge: the fraction of blocks held by some request (cached free
+    // blocks count as free).
     double kv_cache_usage_perc() const {
         return blocks_.empty() ? 0.0 : 1.0 - (double)free_.size() / (double)blocks_.size();
     }
 
-    // Take `n` blocks from the head of the free list (least recently freed first).
-    // All or nothing: returns false and changes nothing when fewer than n are free.
-    // O(1) per block.
+    // Take `n` blocks from the head of the free list, O(1) each. All or
+    // nothing: false, and nothing changed, when fewer than n are free.
     bool allocate(int n, std::vector<int32_t>& out) {
         if (n < 0) throw std::invalid_argument("BlockPool::allocate: negative count");
         // ---- exercise 2 begin: the LRU free list ----
@@ -126,8 +119,8 @@ public:
         // ---- exercise 2 end ----
     }
 
-    // Take one more reference on blocks found in the prefix cache. A hit on a
-    // free block pulls it out of the middle of the free list (O(1)).
+    // Take one more reference on blocks found in the prefix cache; a hit on a
+    // free block pulls it out of the free list.
     void touch(const std::vector<int32_t>& ids) {
         // ---- exercise 2 begin: the LRU free list ----
         // A block nobody holds sits in the free list: take it out before you
@@ -140,12 +133,10 @@ public:
         // ---- exercise 2 end ----
     }
 
-    // Drop one reference on each block. A block whose count reaches zero joins
-    // the free list by the rule above, its name in the prefix index kept; each
-    // end receives its blocks in the order given (callers pass a table in
-    // reverse: section 2). Releasing a block nobody holds is a bookkeeping bug
-    // above us (a table freed twice): we stop it here rather than let the
-    // count go negative and the free list silently lose a block.
+    // Drop one reference on each block. A block reaching zero joins the free
+    // list by the rule above, its prefix-index name kept; each end receives its
+    // blocks in the order given (a table in reverse: section 2). A block
+    // released more often than held (a table freed twice) is refused here.
     void release(const std::vector<int32_t>& ids_in_free_order) {
         // ---- exercise 2 begin: the LRU free list ----
         // First refuse a double free: no id may appear more often than its
@@ -190,71 +181,52 @@ private:
 // 2. Block tables: growth and tail-first free
 // ============================================================================
 //
-// A block table belongs to one request. `num_hashed` counts its leading blocks
-// already registered in the prefix cache, and `last_hash` is the chained hash of
-// the last of them, so registering the next full block is O(block_size)
-// (cache_full_blocks, core/prefix_cache.hpp).
-
-// The parent hash of a sequence's first block.
-constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+// A block table belongs to one request: the blocks that hold its positions,
+// in logical order (which of them are named is core/prefix_index.hpp's business).
 
 struct BlockTable {
     std::vector<int32_t> blocks;  // [num logical blocks] physical block ids
-    int num_hashed = 0;
-    uint64_t last_hash = kRootHash;
-    // Set when a block's hash turned out to belong to a block with other
-    // contents (a collision): nothing after it in this table can be cached,
-    // because its chained hash would vouch for a prefix it does not have.
-    bool chain_broken = false;
 };
 
-// How many of `hits` sit in the free list. A hit on such a block still
-// consumes free capacity (it leaves the free list when touched), so callers
-// that ask "does this fit?" must count them like new blocks: see allocate_slots.
+// How many of `hits` sit in the free list: such a hit leaves the list when
+// touched, so "does this fit?" must count it like a new block.
 inline int num_free_hits(const BlockPool& pool, const std::vector<int32_t>& hits) {
     int n = 0;
     for (int32_t b : hits) n += pool.block(b).ref_cnt == 0;
     return n;
 }
 
-// Grow `table` so it can hold `num_tokens` positions. `hits` are prefix-cache
-// hits for a table that is still empty (pass {} otherwise). All or nothing:
-// returns false and changes nothing when the pool cannot supply the blocks.
+// Grow `table` to hold `num_tokens` positions; `hits` are prefix-cache hits
+// for a table still empty ({} otherwise). All or nothing: false, nothing changed.
 inline bool allocate_slots(BlockPool& pool, BlockTable& table, const std::vector<int32_t>& hits, int64_t num_tokens) {
     if (!hits.empty() && !table.blocks.empty()) throw std::logic_error("allocate_slots: prefix hits for a table that is not empty");
     for (size_t i = 0; i < hits.size(); ++i)  // a table holds a block once (find_cached_prefix's hits always do)
         if (std::find(hits.begin(), hits.begin() + (ptrdiff_t)i, hits[i]) != hits.begin() + (ptrdiff_t)i)
             throw std::invalid_argument("allocate_slots: the hit list names block " + std::to_string(hits[i]) + " twice");
-    // ---- exercise 4 begin: block table growth ----
+    // ---- exercise 3 begin: block table growth ----
     // Count what is missing: blocks_for_tokens(num_tokens) minus what the
     // table and the hits already give. Refuse (false, nothing changed) if the
     // free list cannot supply the missing blocks plus the hits that sit in it
-    // (num_free_hits). Otherwise touch the hits, append them, continue the
-    // hash chain from the last hit (num_hashed, last_hash), then allocate.
+    // (num_free_hits). Otherwise touch the hits, append them, then allocate.
     const int64_t have = (int64_t)table.blocks.size() + (int64_t)hits.size();
     const int64_t need_new = std::max<int64_t>(0, blocks_for_tokens(num_tokens, pool.block_size()) - have);
     if (need_new + num_free_hits(pool, hits) > pool.num_free_blocks()) return false;
     pool.touch(hits);
     table.blocks.insert(table.blocks.end(), hits.begin(), hits.end());
-    if (!hits.empty()) {
-        // Hit blocks are already hashed; continue the chain from the last one.
-        table.num_hashed = (int)hits.size();
-        table.last_hash = pool.prefix_index().entry(hits.back()).block_hash;
-    }
     pool.allocate((int)need_new, table.blocks);
     return true;
-    // ---- exercise 4 end ----
+    // ---- exercise 3 end ----
 }
 
 // Give every block of `table` back, last logical block first (so tails are
 // evicted before the shared heads), and leave the table empty.
 inline void free_blocks(BlockPool& pool, BlockTable& table) {
-    // ---- exercise 4 begin: block table growth ----
-    // Release in reverse logical order, then reset the table completely.
+    // ---- exercise 3 begin: block table growth ----
+    // Release in reverse logical order, then leave the table empty.
     std::vector<int32_t> reversed(table.blocks.rbegin(), table.blocks.rend());
     pool.release(reversed);
     table = BlockTable{};
-    // ---- exercise 4 end ----
+    // ---- exercise 3 end ----
 }
 
 }  // namespace pkv

@@ -1,18 +1,16 @@
 // core/free_block_queue.hpp -- chapter 1: the free list, a queue that a block
 // can leave from the middle.
 //
-// The block pool (core/block_pool.hpp) keeps its free blocks in one queue,
-// which is also its eviction order: allocation takes from the front; a freed
-// block goes to the back (it holds cached K/V: evict it last) or to the front
-// (it holds nothing anyone can find). With prefix caching a free block may
-// still hold K/V that a new request wants, and that request takes it out of
-// the *middle* of the queue. That must cost O(1), not a scan of the list.
+// The block pool (core/block_pool.hpp) keeps its free blocks in one queue, in
+// eviction order. With prefix caching a free block may still hold K/V that a
+// new request wants, and that request takes it out of the *middle* of the
+// queue. That must cost O(1), not a scan of the list.
 //
 // So the queue is a doubly linked list of block ids, its links kept per block
 // in one array: no allocation after construction, no pointers (a copied pool
-// stays valid), and a block's place in the list is found from its id alone.
-// vLLM V1's FreeKVCacheBlockQueue (kv_cache_utils.py) is the same list, with
-// the links kept in each KVCacheBlock object.
+// stays valid), and a block's place is found from its id alone. vLLM's
+// FreeKVCacheBlockQueue (kv_cache_utils.py) is the same list, its links kept
+// in each KVCacheBlock object.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +28,7 @@ public:
     int size() const { return size_; }
     int32_t front() const { return head_; }  // -1 when empty
     int32_t back() const { return tail_; }   // -1 when empty
-    // The neighbours of block b in the queue, -1 past either end: what
-    // core/block_pool_check.hpp, the tests and examples/kv_tour walk.
+    // The neighbours of block b in the queue, -1 past either end.
     int32_t next(int32_t b) const { return at(b).next; }
     int32_t prev(int32_t b) const { return at(b).prev; }
     bool contains(int32_t b) const { return at(b).in_queue; }
@@ -39,9 +36,8 @@ public:
     void push_back(int32_t b) { insert(b, tail_, -1); }
     void push_front(int32_t b) { insert(b, -1, head_); }
 
-    // Take b out from wherever it stands: its neighbours link to each other
-    // (or the queue's ends move), and b is left unlinked. No search: b's own
-    // links name both neighbours, which is the whole point of the list.
+    // Take b out from wherever it stands, with no search: b's own links name
+    // both neighbours, which is the whole point of the list.
     void remove(int32_t b) {
         Links& l = at(b);
         if (!l.in_queue) throw std::logic_error("FreeBlockQueue::remove: block " + std::to_string(b) + " is not in the queue");

@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 
 namespace pkv {
 
@@ -31,7 +31,8 @@ namespace pkv {
 //   kF16   2 bytes, IEEE half: ~3 significant digits, range +-65504
 //   kInt8  1 byte + one float scale per (token, kv head): each head vector is
 //          stored as round(x / s) with s = max|x| / 127 (symmetric, per-token,
-//          per-head; vLLM's fp8/int8 caches use per-tensor or per-head scales).
+//          per-head; vLLM's fp8 cache scales per tensor, and recent vLLM adds
+//          per-token-head int8/fp8 caches like this one).
 enum class KVDtype : int32_t { kF32 = 0, kF16 = 1, kInt8 = 2 };
 
 PKV_HD inline int kv_dtype_bytes(KVDtype t) { return t == KVDtype::kF32 ? 4 : t == KVDtype::kF16 ? 2 : 1; }

@@ -1,6 +1,6 @@
-// core/metrics.hpp -- chapter 7: what an operator sees: counters, gauges,
+// core/metrics.hpp -- chapter 6: what an operator sees: counters, gauges,
 // latency samples, the periodic log line and the Prometheus text. Read with
-// engine.hpp (chapters 6 and 7), which fills these numbers in once per step.
+// engine.hpp (chapters 5 and 6), which fills these numbers in once per step.
 //
 // Two kinds of numbers, as in Prometheus: counters only ever grow (compare two
 // scrapes to get a rate), gauges are "as of now". The TUTORIAL reads thrash off
@@ -8,8 +8,7 @@
 // inter-token latency p99 far above p50, because the first token after a pause
 // carries the whole pause.
 //
-// Sections: 1. latency samples  2. the scheduler's counters and the Metrics
-// snapshot  3. the log line  4. Prometheus text.
+// Sections: 1. latency samples  2. the Metrics snapshot  3. the log line  4. Prometheus text.
 #pragma once
 
 #include <algorithm>
@@ -54,11 +53,11 @@ struct Histogram {
     }
 };
 
-// vLLM's bucket ladders (vllm/v1/metrics/loggers.py, vLLM 0.10), one per
-// kind of latency, so that a vLLM dashboard's histogram_quantile reads ours
-// the same way: time to first token from 1 ms, the gap between two tokens
-// from 10 ms, whole requests (and their queue, prefill and decode phases)
-// from 0.3 s.
+// vLLM's bucket ladders (vllm/v1/metrics/loggers.py, read at a v0.9-era
+// commit, 005a810; not re-read at v0.28), one per kind of latency, so that a
+// vLLM dashboard's histogram_quantile reads ours the same way: time to first
+// token from 1 ms, the gap between two tokens from 10 ms, whole requests
+// (and their queue, prefill and decode phases) from 0.3 s.
 inline std::vector<double> ttft_buckets() {
     return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 }
@@ -99,19 +98,8 @@ struct LatencySamples {
 };
 
 // ============================================================================
-// 2. The scheduler's counters, and the snapshot the engine keeps up to date
+// 2. The snapshot the engine keeps up to date
 // ============================================================================
-
-// Counted where they happen, in the scheduler (Scheduler::stats()), and
-// copied into Metrics once per step. vLLM keeps its SchedulerStats beside its
-// metrics too (vllm/v1/metrics/stats.py).
-struct SchedulerStats {
-    long num_preemptions_total = 0;
-    // In tokens, as vLLM counts them, for admissions that happened (not once
-    // per step spent waiting at the head of the queue).
-    long prefix_cache_queries = 0;  // tokens looked up at admission
-    long prefix_cache_hits = 0;     // tokens served from cache at admission
-};
 
 struct Metrics {
     // Counters (vLLM names, without the vllm: prefix).
@@ -134,14 +122,6 @@ struct Metrics {
     long num_requests_rejected = 0;
     long num_requests_failed = 0;    // finished with an error in their forward pass
     long num_steps = 0;
-    // Preemption by swap (a swapping policy, lab/policies.hpp): the price is
-    // bytes over PCIe (or memcpy on the CPU) instead of recomputed tokens.
-    long num_swap_outs = 0;        // victims copied to host swap space
-    long num_swap_ins = 0;         // swapped victims copied back and resumed
-    long swap_out_bytes = 0;       // device -> host
-    long swap_in_bytes = 0;        // host -> device
-    long num_swap_fallbacks = 0;   // victims recomputed because the swap space was full
-    double swap_space_usage_perc = 0.0;  // gauge: fraction of host swap slots in use
     // Gauges, as of the last step.
     // kv_cache_usage_perc is a fraction in [0, 1] despite its name, exactly
     // like vLLM's: multiply by 100 to print it (the log line does).
@@ -188,20 +168,15 @@ struct Metrics {
         num_requests_running = running;
         num_requests_waiting = waiting;
     }
-    // A step's swap copies (a swapping policy's): blocks each way, block_bytes each.
-    void on_swap(size_t blocks_out, size_t blocks_in, size_t block_bytes) {
-        swap_out_bytes += (long)(blocks_out * block_bytes);
-        swap_in_bytes += (long)(blocks_in * block_bytes);
-    }
     // A step ended: the gauges as of now, the peak of KV usage, and the
     // counters the scheduler keeps (it is where preemptions and prefix-cache
-    // hits happen), copied in.
-    void on_step_end(double kv_usage, int running, int waiting, const SchedulerStats& s) {
+    // hits happen: Scheduler::stats(), scheduler.hpp), copied in.
+    void on_step_end(double kv_usage, int running, int waiting, long preemptions, long prefix_queries, long prefix_hits) {
         num_steps++;
         set_gauges(kv_usage, running, waiting);
-        num_preemptions_total = s.num_preemptions_total;
-        prefix_cache_queries = s.prefix_cache_queries;
-        prefix_cache_hits = s.prefix_cache_hits;
+        num_preemptions_total = preemptions;
+        prefix_cache_queries = prefix_queries;
+        prefix_cache_hits = prefix_hits;
     }
 };
 
@@ -263,7 +238,8 @@ private:
 // request_success_total{finished_reason="stop"|"length"|"abort"} (vLLM
 // counts aborted requests there too). Histograms are read from their fixed
 // buckets (section 1): a scrape costs the same after a billion observations.
-// The helpers also write the families a server adds of its own (serve.cpp).
+// The helpers also write the families a server or a lab policy adds of its
+// own (examples/serve.cpp, lab/swap.hpp).
 
 // Two label lists as one: model_name="m" and le="0.1" give model_name="m",le="0.1".
 inline std::string label_join(const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + "," + b; }
@@ -318,12 +294,6 @@ inline std::string prometheus_text(const Metrics& m, const std::string& labels =
     scalar("counter", "generation_tokens_total", "Output tokens emitted.", m.generation_tokens_total);
     scalar("counter", "recomputed_tokens_total", "Tokens computed again after a preemption.", m.recomputed_tokens_total);
     scalar("counter", "computed_tokens_total", "All tokens through the model.", m.computed_tokens_total);
-    scalar("counter", "swap_outs_total", "Victims copied to host swap space.", m.num_swap_outs);
-    scalar("counter", "swap_ins_total", "Swapped victims copied back and resumed.", m.num_swap_ins);
-    scalar("counter", "swap_out_bytes_total", "Bytes copied device to host by swap-outs.", m.swap_out_bytes);
-    scalar("counter", "swap_in_bytes_total", "Bytes copied host to device by swap-ins.", m.swap_in_bytes);
-    scalar("counter", "swap_fallbacks_total", "Victims recomputed because the swap space was full.", m.num_swap_fallbacks);
-    scalar("gauge", "swap_space_usage_perc", "Fraction of host swap slots in use (0..1).", m.swap_space_usage_perc);
     scalar("counter", "prefix_cache_queries_total", "Tokens looked up in the prefix cache.", m.prefix_cache_queries);
     scalar("counter", "prefix_cache_hits_total", "Tokens served by the prefix cache.", m.prefix_cache_hits);
     prometheus_family(o, "counter", "request_success_total", "Requests finished, by reason: stop (a stop token), length (a length limit), abort (the client left).");

@@ -1,4 +1,4 @@
-// core/prefix_index.hpp -- chapter 1: the prefix cache's index, which full
+// core/prefix_index.hpp -- chapter 4: the prefix cache's index, which full
 // block holds which tokens.
 //
 // When prefix caching is on, a full block whose K/V are computed gets a name:
@@ -27,13 +27,31 @@
 
 namespace pkv {
 
-// What the index remembers of one block. Set once the block is full and
-// hashed; cleared when the pool hands it out again.
+// The parent hash of a sequence's first block.
+constexpr uint64_t kRootHash = 0x9e3779b97f4a7c15ull;
+
+// What the index remembers of one block, once the block is full and its
+// K/V are computed; all of it is cleared when the pool hands the block out
+// again. A block's `state` says what registering it found:
+//   kNone    not registered: not full yet, not computed yet, or reused since
+//   kNamed   it holds the name: lookup finds it (cached() is true)
+//   kTwin    an identical block (same parent hash, same tokens) already holds
+//            the name: one name, one block, so this one stays unfindable, but
+//            the chain goes on through it (two requests computed one prefix)
+//   kBroken  another block with *other* contents holds the hash (a
+//            collision): nothing after it in its sequence can be named,
+//            because a chained hash would vouch for a prefix it does not have
+// Blocks are registered in logical order, so in a block table the
+// registered blocks (state != kNone) always come first: that is all the
+// state prefix caching needs per request (core/prefix_cache.hpp,
+// cache_full_blocks). vLLM V1 keeps it per request instead (its block_hashes).
+enum class PrefixState { kNone, kNamed, kTwin, kBroken };
+
 struct PrefixEntry {
-    bool has_hash = false;
-    uint64_t block_hash = 0;
-    uint64_t parent_hash = 0;     // hash of the previous block of the same chain
-    std::vector<int32_t> tokens;  // [block_size] token ids, for the collision guard
+    PrefixState state = PrefixState::kNone;
+    uint64_t block_hash = 0;      // kNamed, kTwin: the chained hash of this block
+    uint64_t parent_hash = 0;     // kNamed: hash of the previous block of the same chain
+    std::vector<int32_t> tokens;  // kNamed: [block_size] token ids, for the collision guard
 };
 
 // Two views of one relation, kept in step: the map answers lookup's question
@@ -51,7 +69,8 @@ public:
     uint64_t hash_mask = ~0ull;
 
     const PrefixEntry& entry(int32_t id) const { return entries_.at((size_t)id); }
-    bool cached(int32_t id) const { return entry(id).has_hash; }
+    bool cached(int32_t id) const { return entry(id).state == PrefixState::kNamed; }
+    bool registered(int32_t id) const { return entry(id).state != PrefixState::kNone; }
     size_t num_cached_blocks() const { return map_.size(); }
     // chained hash -> block id; core/block_pool_check.hpp checks it against the entries.
     const std::unordered_map<uint64_t, int32_t>& cached_blocks() const { return map_; }
@@ -68,31 +87,36 @@ public:
         return it->second;
     }
 
-    // Record that block `id` is full and holds `tokens`, with this chained hash.
-    // If another block already holds this hash we keep the older entry (the new
-    // block simply stays uncached): one hash, one block.
-    void cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
+    // Register block `id`: it is full and holds `tokens`, with this chained
+    // hash. It takes the name unless another block holds it already (one
+    // hash, one block): a twin if that block has the same parent and tokens,
+    // a broken chain if it has other contents. Returns the state recorded.
+    PrefixState cache_block(int32_t id, uint64_t hash, uint64_t parent_hash, const int32_t* tokens) {
         if (id < 0 || (size_t)id >= entries_.size())
             throw std::out_of_range("PrefixIndex::cache_block: block id " + std::to_string(id) + " is not in 0.." +
                                     std::to_string((long)entries_.size() - 1));
         PrefixEntry& e = entries_[(size_t)id];
-        if (e.has_hash || map_.count(hash)) return;
-        e.has_hash = true;
+        if (e.state != PrefixState::kNone) return e.state;  // registered already
         e.block_hash = hash;
+        if (map_.count(hash)) {
+            e.state = lookup(hash, parent_hash, tokens) >= 0 ? PrefixState::kTwin : PrefixState::kBroken;
+            return e.state;
+        }
+        e.state = PrefixState::kNamed;
         e.parent_hash = parent_hash;
         e.tokens.assign(tokens, tokens + block_size_);
         map_[hash] = id;
+        return e.state;
     }
 
     // The pool hands block `id` out again: its contents are about to be
-    // overwritten, so its name goes. (Only the pool calls this.) A block that
-    // stayed uncached (an older block holds its hash) has nothing to drop.
+    // overwritten, so its name goes, and whatever else registering it
+    // recorded. (Only the pool calls this.)
     void evict(int32_t id) {
         PrefixEntry& e = entries_[(size_t)id];
-        if (!e.has_hash) return;
-        auto it = map_.find(e.block_hash);
-        if (it != map_.end() && it->second == id) map_.erase(it);
-        e.has_hash = false;
+        if (e.state == PrefixState::kNone) return;
+        if (e.state == PrefixState::kNamed) map_.erase(e.block_hash);
+        e.state = PrefixState::kNone;
         e.tokens.clear();  // keeps its capacity: the next hash of this block reuses it
     }
 

@@ -33,7 +33,7 @@ struct Options {
     long steps = 256;
     int num_blocks = 0, block_size = 16;
     pkv::Device device = pkv::Device::kCpu;
-    pkv::AttentionKernel attention = pkv::AttentionKernel::kPartitioned;
+    pkv::MathPath math = pkv::MathPath::kReference;
 };
 
 Options parse(int argc, char** argv) {
@@ -52,10 +52,7 @@ Options parse(int argc, char** argv) {
     p.integer("--block-size", &o.block_size, 1, pkv::kMaxBlockSize, "positions per block");
     p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
              "cpu, emulated (the CUDA kernels on the CPU; CPU build only) or cuda (a GPU; `make cuda` build only)");
-    p.choice("--attention-kernel", &o.attention,
-             {{"partitioned", pkv::AttentionKernel::kPartitioned}, {"baseline", pkv::AttentionKernel::kBaseline}},
-             "the kernel path's decode attention: partitioned (split over the context) or baseline (one pass, as in the "
-             "TUTORIAL's gdb walk); ignored by --device cpu");
+    pkv::add_math_flag(p, &o.math);
     p.epilog("Where run.c clamps a bad -t or -p to a default, we refuse it; -n is clamped to the model's context as in run.c.");
     p.parse(argc, argv);
     if (!o.tokenizer_path.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
@@ -85,8 +82,8 @@ int run(int argc, char** argv) {
     if (need > pkv::host_memory_bytes())
         throw std::runtime_error("a KV cache of " + std::to_string(num_blocks) + " blocks needs " + pkv::format_bytes(need) +
                                  ", more than this machine's " + pkv::format_bytes(pkv::host_memory_bytes()) + ": lower --num-blocks or --block-size");
-    std::unique_ptr<pkv::ModelRunner> runner = pkv::make_model_runner(o.device, mt.model, {}, o.attention);
-    runner->init_kv_cache(geo, 0);
+    std::unique_ptr<pkv::ModelRunner> runner = pkv::make_model_runner(o.device, mt.model, o.math);
+    runner->init_kv_cache(geo);
     pkv::BlockPool pool(num_blocks, block_size, /*enable_prefix_caching=*/false);
     pkv::BlockTable table;
     std::vector<float> logits;

@@ -15,29 +15,41 @@
 //      KV-cache usage, inter-token latency p99 against the median.
 //
 // --json prints one JSON object instead (every request and the metrics).
+// --view FILE.html records the run, step by step, as one page that opens in
+// a browser (examples/recorder.hpp, examples/viewer/); --trace FILE.json as
+// a trace that Perfetto opens. Both are off unless asked: then nothing is
+// recorded and the engine runs exactly as without them.
+//
+// The program, top to bottom: the options; Streams, what each client saw
+// (fed by the engine's events); the lane chart; the run; and the three
+// reports. run() at the bottom reads as the list of those steps.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <string>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "engine.hpp"
 #include "examples/cli.hpp"
+#include "examples/recorder.hpp"
+#include "examples/trace.hpp"
+#include "examples/viewer_page.hpp"
 #include "examples/workload.hpp"
 #include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
 namespace {
 
-// The engine and workload knobs live in study::Setup (examples/workload.hpp),
-// with this demo's defaults; we add what only this program has.
-struct Options : study::Setup {
+using workload::Json;
+
+// ============================================================================
+// The options: the engine's and the workload's knobs (workload::Setup,
+// examples/workload.hpp, with this demo's defaults), and this program's own.
+// ============================================================================
+
+struct Options : workload::Setup {
     std::string checkpoint, tokenizer, gpu = "h200";
+    std::string view_path, trace_path;  // --view, --trace: "" = no recording
     bool json = false, no_lanes = false;
     Options() { swap_space_blocks = 64; }
 };
@@ -48,8 +60,8 @@ Options parse(int argc, char** argv) {
                   "Many requests, all arriving at once, on a deliberately small KV cache (built-in model by default).");
     p.positional(&o.checkpoint, "checkpoint");
     p.text("-z", &o.tokenizer, "FILE", "tokenizer for a checkpoint");
-    study::add_workload_flags(p, o);
-    study::add_engine_flags(p, o);
+    workload::add_workload_flags(p, o);
+    workload::add_engine_flags(p, o);
     std::vector<std::pair<std::string, std::string>> gpus;
     for (const auto& g : pkv::gpu_presets()) gpus.push_back({g.name, g.name});
     p.choice("--gpu", &o.gpu, gpus, "the GPU --device sim simulates (cost_model.hpp); this model's own shape and f32 weights");
@@ -57,210 +69,206 @@ Options parse(int argc, char** argv) {
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.flag("--no-lanes", &o.no_lanes, "skip the per-step lanes");
     p.flag("--json", &o.json, "one JSON object on stdout (requests + metrics), nothing else");
+    p.text("--view", &o.view_path, "FILE.html", "record the run step by step into one HTML page that opens offline in a browser (make view)");
+    p.text("--trace", &o.trace_path, "FILE.json", "record the run as a trace in Chrome's Trace Event Format (ui.perfetto.dev opens it)");
     p.parse(argc, argv);
     if (!o.tokenizer.empty() && o.checkpoint.empty()) cli::bad_usage("-z needs a checkpoint: the built-in model has its own vocabulary");
-    study::check_workload(o);
+    workload::check_workload(o);
     return o;
 }
 
-using study::add_workload;
-using study::engine_config;
+// ============================================================================
+// What each client saw, fed by the engine's events
+// ============================================================================
 
-std::string json_escape(const std::string& s) {
-    std::string o;
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') { o += '\\'; o += (char)c; }
-        else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); o += b; }
-        else o += (char)c;
-    }
-    return o;
-}
+// Per request: its stream as a client collected it (text, with the pause
+// marked), and this step's symbol in the lane chart.
+struct Streams {
+    const pkv::Tokenizer& tok;
+    std::vector<std::string> text;  // [requests] rendered stream, with pause markers
+    std::vector<int> prev_token;    // [requests] the token before the next one, for rendering
+    std::vector<char> lane;         // [requests] this step's symbol
+    std::vector<char> paused;       // [requests] preempted and not resumed yet
+    std::vector<long> preempted_at; // [requests] the step of its latest preemption
+    long step = 0;                  // the step the engine is running
 
-template <class T>
-std::string json_array(const T& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-    return s + "]";
-}
+    Streams(const pkv::Tokenizer& t, int n)
+        : tok(t), text((size_t)n), prev_token((size_t)n, -1), lane((size_t)n, ' '), paused((size_t)n, 0), preempted_at((size_t)n, -1) {}
 
-}  // namespace
-
-int run(int argc, char** argv) {
-    const Options opt = parse(argc, argv);
-    const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
-    // A bad size or a device this build cannot run throws here, with a message
-    // that says what to change; guarded_main prints it.
-    // On the simulated GPU time is modelled, so the engine gets a clock that
-    // moves only by the modelled step durations.
-    const bool sim = opt.device == pkv::Device::kSim;
-    pkv::VirtualClock sim_clock;
-    pkv::SimOptions sim_opts;
-    sim_opts.gpu = opt.gpu;
-    pkv::Engine eng(pkv::make_model_runner(opt.device, mt.model, sim_opts), engine_config(opt), sim ? &sim_clock : nullptr);
-    const bool show = !opt.json;
-    if (show) {
-        std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
-                    mt.model.cfg.vocab_size);
-        std::printf("%s\n", study::startup_summary(eng).c_str());
-        std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
-                    opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs,
-                    pkv::to_string(opt.policy.admission), opt.prefix_caching ? "on" : "off");
+    // Before a step: a running request shows 'p' until it emits a token
+    // (then '.'), a paused one '~'.
+    void start_step(pkv::Engine& eng) {
+        ++step;
+        for (size_t i = 0; i < lane.size(); ++i)
+            lane[i] = eng.request((int)i)->state == pkv::RequestState::kRunning ? 'p' : (paused[i] ? '~' : ' ');
     }
 
-    // Per-request view of the stream, as a client would collect it.
-    const int R = opt.requests;
-    std::vector<std::string> text(R);        // rendered stream, with pause markers
-    std::vector<int> prev_token(R, -1);
-    std::vector<char> lane(R, ' ');          // this step's symbol per request
-    std::vector<char> paused(R, 0);
-    std::vector<long> step_of_preempt(R, -1);
-    long step_no = 0;
-    eng.on_event = [&](const pkv::StreamEvent& e) {
-        const int id = e.request_id;
-        if (id >= R) return;
+    void on_event(const pkv::StreamEvent& e) {
+        const size_t id = (size_t)e.request_id;
+        if (id >= lane.size()) return;
         switch (e.type) {
             case pkv::EventType::kToken:
-                text[id] += mt.tok.render(prev_token[id], e.token);
+                text[id] += tok.render(prev_token[id], e.token);
                 prev_token[id] = e.token;
                 if (lane[id] != 'R') lane[id] = '.';
                 break;
             case pkv::EventType::kPreempted:
                 lane[id] = 'X';
                 paused[id] = 1;
-                step_of_preempt[id] = step_no;
+                preempted_at[id] = step;
                 break;
             case pkv::EventType::kResumed:
                 lane[id] = 'R';
                 paused[id] = 0;
-                text[id] += " [paused: preempted at step " + std::to_string(step_of_preempt[id]) + ", resumed at step " +
-                            std::to_string(step_no) + "]";
+                text[id] += " [paused: preempted at step " + std::to_string(preempted_at[id]) + ", resumed at step " +
+                            std::to_string(step) + "]";
                 break;
             case pkv::EventType::kFinished: lane[id] = '$'; break;
             case pkv::EventType::kRejected: break;
         }
-    };
-    // The periodic log goes to stderr, and only when asked (--log-interval):
-    // on a terminal it would land between the lanes.
-    if (show) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
-
-    const std::vector<std::vector<int32_t>> prompts = add_workload(eng, mt.tok, opt);
-    for (int i = 0; i < R; ++i) prev_token[i] = prompts[i].back();
-    if (show) {
-        for (int i = 0; i < R; ++i)
-            if (eng.request(i)->finish_reason == pkv::FinishReason::kRejected)
-                std::printf("request %d rejected: %s\n", i, eng.request(i)->reject_reason.c_str());
     }
+};
 
-    if (show && !opt.no_lanes) {
+// ============================================================================
+// The lane chart: one line per step; steps that look exactly like the one
+// before are folded into a count
+// ============================================================================
+
+class LaneChart {
+public:
+    explicit LaneChart(int requests) {
         std::printf("lanes: p prefill  . token  X preempted  ~ paused  R resumed (recompute)  $ finished\n");
         std::printf("%5s %4s %4s %4s  ", "step", "kv%", "run", "wait");
-        for (int i = 0; i < R; ++i) std::printf("%d", i / 10 % 10);
+        for (int i = 0; i < requests; ++i) std::printf("%d", i / 10 % 10);
         std::printf("\n%5s %4s %4s %4s  ", "", "", "", "");
-        for (int i = 0; i < R; ++i) std::printf("%d", i % 10);
+        for (int i = 0; i < requests; ++i) std::printf("%d", i % 10);
         std::printf("\n");
     }
-    std::string last_row;
-    long repeats = 0;
-    auto flush_repeats = [&]() {
-        if (repeats > 0) std::printf("%5s  ... the same for %ld more step%s\n", "", repeats, repeats == 1 ? "" : "s");
-        repeats = 0;
-    };
+    void row(long step, const pkv::Metrics& m, const std::vector<char>& lane) {
+        std::string r(lane.begin(), lane.end());
+        if (r == last_) { ++repeats_; return; }
+        flush();
+        std::printf("%5ld %3.0f%% %4d %4d  %s\n", step, 100 * m.kv_cache_usage_perc, m.num_requests_running, m.num_requests_waiting,
+                    r.c_str());
+        last_ = r;
+    }
+    void flush() {
+        if (repeats_ > 0) std::printf("%5s  ... the same for %ld more step%s\n", "", repeats_, repeats_ == 1 ? "" : "s");
+        repeats_ = 0;
+    }
+
+private:
+    std::string last_;
+    long repeats_ = 0;
+};
+
+// ============================================================================
+// The run, and the three reports
+// ============================================================================
+
+// Steps until every request is done; returns the seconds it took (modelled
+// ones on the simulated GPU). A recorder, when there is one, records each step.
+double run_steps(pkv::Engine& eng, Streams& streams, LaneChart* chart, const pkv::VirtualClock* sim_clock, viewer::Recorder* rec) {
     const auto t0 = std::chrono::steady_clock::now();
     while (eng.has_unfinished()) {
-        ++step_no;
-        for (int i = 0; i < R; ++i) {
-            pkv::Request* r = eng.request(i);
-            lane[i] = r->state == pkv::RequestState::kRunning ? 'p' : (paused[i] ? '~' : ' ');
-        }
+        streams.start_step(eng);
         eng.step();
-        if (show && !opt.no_lanes) {
-            // Steps that look exactly like the one before are folded into a count.
-            const pkv::Metrics& m = eng.metrics();
-            std::string row(lane.begin(), lane.end());
-            if (row == last_row) { ++repeats; continue; }
-            flush_repeats();
-            std::printf("%5ld %3.0f%% %4d %4d  %s\n", step_no, 100 * m.kv_cache_usage_perc, m.num_requests_running,
-                        m.num_requests_waiting, row.c_str());
-            last_row = row;
-        }
+        if (rec) rec->end_step();
+        if (chart) chart->row(streams.step, eng.metrics(), streams.lane);
     }
-    if (show && !opt.no_lanes) flush_repeats();
-    const double wall = sim ? sim_clock.t : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (chart) chart->flush();
+    return sim_clock ? sim_clock->t : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The swap counters of a lab policy that swaps (lab/swap.hpp); zeros otherwise.
+pkv::SwapStats swap_stats(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats() : pkv::SwapStats{};
+}
+
+// --json: the configuration, every request (prompt, output, how it ended)
+// and the metrics, as one object.
+void print_json(pkv::Engine& eng, const Options& opt, const std::string& model_name, const std::vector<std::vector<int32_t>>& prompts,
+                double wall) {
+    auto ints = [](const std::vector<int32_t>& v) {
+        std::vector<std::string> s;
+        for (int32_t x : v) s.push_back(std::to_string(x));
+        return Json::array(s);
+    };
+    Json config;
+    config.str("model", model_name).integer("num_blocks", opt.num_blocks).integer("block_size", opt.block_size)
+        .integer("requests", opt.requests).integer("max_num_seqs", opt.max_num_seqs)
+        .integer("max_num_batched_tokens", opt.max_num_batched_tokens).integer("max_tokens", opt.max_tokens)
+        .integer("prompt_len", opt.prompt_len).integer("max_model_len", eng.config().sched.max_model_len)
+        .boolean("prefix_caching", opt.prefix_caching).str("admission", pkv::to_string(opt.policy.admission))
+        .integer("max_waiting", opt.policy.max_waiting).integer("seed", (long)opt.seed);
+    std::vector<std::string> requests;
+    for (int i = 0; i < opt.requests; ++i) {
+        const pkv::Request* r = eng.request(i);
+        Json j;
+        j.integer("id", i).raw("prompt", ints(prompts[(size_t)i]))
+            .raw("output", ints(std::vector<int32_t>(r->tokens.begin() + r->num_prompt_tokens, r->tokens.end())))
+            .str("finish_reason", pkv::to_string(r->finish_reason)).str("reject_reason", r->reject_reason)
+            .integer("preemptions", r->num_preemptions);
+        requests.push_back(j.dump());
+    }
     const pkv::Metrics& m = eng.metrics();
+    const pkv::SwapStats sw = swap_stats(eng);
+    Json mj;
+    mj.integer("num_preemptions_total", m.num_preemptions_total).integer("generation_tokens_total", m.generation_tokens_total)
+        .integer("prompt_tokens_total", m.prompt_tokens_total).integer("recomputed_tokens_total", m.recomputed_tokens_total)
+        .integer("swap_outs", sw.num_swap_outs).integer("swap_ins", sw.num_swap_ins).integer("swap_out_bytes", sw.bytes_out)
+        .integer("swap_in_bytes", sw.bytes_in).integer("swap_fallbacks", sw.num_swap_fallbacks)
+        .integer("computed_tokens_total", m.computed_tokens_total).integer("prefix_cache_queries", m.prefix_cache_queries)
+        .integer("prefix_cache_hits", m.prefix_cache_hits).integer("num_requests_finished", m.num_requests_finished)
+        .integer("num_requests_rejected", m.num_requests_rejected).integer("num_steps", m.num_steps)
+        .num("max_kv_cache_usage_perc", m.max_kv_cache_usage_perc).num("itl_p50_s", m.inter_token_latency.percentile(50))
+        .num("itl_p90_s", m.inter_token_latency.percentile(90)).num("itl_p99_s", m.inter_token_latency.percentile(99))
+        .num("ttft_p50_s", m.time_to_first_token.percentile(50)).num("ttft_p99_s", m.time_to_first_token.percentile(99))
+        .num("e2e_p50_s", m.e2e_request_latency.percentile(50)).num("e2e_p99_s", m.e2e_request_latency.percentile(99))
+        .num("wall_s", wall);
+    std::printf("%s\n", Json().raw("config", config.dump()).raw("requests", Json::array(requests)).raw("metrics", mj.dump()).dump().c_str());
+}
 
-    if (opt.json) {
-        std::string s = "{\"config\":{";
-        s += "\"model\":\"" + json_escape(mt.name) + "\",\"num_blocks\":" + std::to_string(opt.num_blocks) +
-             ",\"block_size\":" + std::to_string(opt.block_size) + ",\"requests\":" + std::to_string(R) +
-             ",\"max_num_seqs\":" + std::to_string(opt.max_num_seqs) + ",\"max_num_batched_tokens\":" +
-             std::to_string(opt.max_num_batched_tokens) + ",\"max_tokens\":" + std::to_string(opt.max_tokens) +
-             ",\"prompt_len\":" + std::to_string(opt.prompt_len) + ",\"max_model_len\":" +
-             std::to_string(eng.config().sched.max_model_len) + ",\"prefix_caching\":" + (opt.prefix_caching ? "true" : "false") +
-             ",\"admission\":\"" + pkv::to_string(opt.policy.admission) + "\",\"max_waiting\":" +
-             std::to_string(opt.policy.max_waiting) + ",\"seed\":" + std::to_string(opt.seed) + "},\"requests\":[";
-        for (int i = 0; i < R; ++i) {
-            pkv::Request* r = eng.request(i);
-            std::vector<int32_t> out(r->tokens.begin() + r->num_prompt_tokens, r->tokens.end());
-            s += std::string(i ? "," : "") + "{\"id\":" + std::to_string(i) + ",\"prompt\":" + json_array(prompts[i]) +
-                 ",\"output\":" + json_array(out) + ",\"finish_reason\":\"" + pkv::to_string(r->finish_reason) +
-                 "\",\"reject_reason\":\"" + json_escape(r->reject_reason) + "\",\"preemptions\":" +
-                 std::to_string(r->num_preemptions) + "}";
-        }
-        char buf[1536];
-        std::snprintf(buf, sizeof buf,
-                      "],\"metrics\":{\"num_preemptions_total\":%ld,\"generation_tokens_total\":%ld,\"prompt_tokens_total\":%ld,"
-                      "\"recomputed_tokens_total\":%ld,\"swap_outs\":%ld,\"swap_ins\":%ld,\"swap_out_bytes\":%ld,\"swap_in_bytes\":%ld,\"swap_fallbacks\":%ld,\"computed_tokens_total\":%ld,\"prefix_cache_queries\":%ld,"
-                      "\"prefix_cache_hits\":%ld,\"num_requests_finished\":%ld,\"num_requests_rejected\":%ld,\"num_steps\":%ld,"
-                      "\"max_kv_cache_usage_perc\":%.4f,\"itl_p50_s\":%.6f,\"itl_p90_s\":%.6f,\"itl_p99_s\":%.6f,"
-                      "\"ttft_p50_s\":%.6f,\"ttft_p99_s\":%.6f,\"e2e_p50_s\":%.6f,\"e2e_p99_s\":%.6f,\"wall_s\":%.4f}}\n",
-                      m.num_preemptions_total, m.generation_tokens_total, m.prompt_tokens_total, m.recomputed_tokens_total, m.num_swap_outs,
-                      m.num_swap_ins, m.swap_out_bytes, m.swap_in_bytes, m.num_swap_fallbacks,
-                      m.computed_tokens_total, m.prefix_cache_queries, m.prefix_cache_hits, m.num_requests_finished,
-                      m.num_requests_rejected, m.num_steps, m.max_kv_cache_usage_perc, m.inter_token_latency.percentile(50),
-                      m.inter_token_latency.percentile(90), m.inter_token_latency.percentile(99),
-                      m.time_to_first_token.percentile(50), m.time_to_first_token.percentile(99),
-                      m.e2e_request_latency.percentile(50), m.e2e_request_latency.percentile(99), wall);
-        std::fputs((s + buf).c_str(), stdout);
-        return 0;
-    }
-
-    // A few streams as the client saw them: one unbroken text, one pause.
+// A few streams as the client saw them: one unbroken text, one pause.
+void print_streams(pkv::Engine& eng, const Streams& streams, bool sim) {
     int shown = 0;
     std::printf("\nwhat a client streaming a preempted request saw (the text never breaks; it pauses):\n");
     if (sim) std::printf("  (the simulated GPU computes no logits: its tokens are hashed ids, so the text is noise)\n");
-    for (int i = 0; i < R && shown < 3; ++i) {
-        if (eng.request(i)->num_preemptions == 0) continue;
-        std::printf("  request %d (%d preemption%s): %s\n", i, eng.request(i)->num_preemptions,
-                    eng.request(i)->num_preemptions == 1 ? "" : "s", text[i].c_str());
+    for (size_t i = 0; i < streams.text.size() && shown < 3; ++i) {
+        const pkv::Request* r = eng.request((int)i);
+        if (r->num_preemptions == 0) continue;
+        std::printf("  request %zu (%d preemption%s): %s\n", i, r->num_preemptions, r->num_preemptions == 1 ? "" : "s",
+                    streams.text[i].c_str());
         ++shown;
     }
     if (shown == 0) std::printf("  (no request was preempted in this run)\n");
+}
 
+// The metrics table: the signals of TUTORIAL chapter 6.
+void print_metrics(pkv::Engine& eng, const Options& opt, double wall, bool sim) {
+    const pkv::Metrics& m = eng.metrics();
     int finished = 0, preempted_reqs = 0, max_pre = 0;
-    for (int i = 0; i < R; ++i) {
-        pkv::Request* r = eng.request(i);
+    for (int i = 0; i < opt.requests; ++i) {
+        const pkv::Request* r = eng.request(i);
         finished += r->finished() && r->finish_reason != pkv::FinishReason::kRejected;
         preempted_reqs += r->num_preemptions > 0;
         max_pre = std::max(max_pre, r->num_preemptions);
     }
     const auto& itl = m.inter_token_latency;
     if (sim) std::printf("\nmetrics (simulated time on %s: every duration below is modelled, not measured):\n", opt.gpu.c_str());
-    else
-        std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", 1
-#ifdef _OPENMP
-            - 1 + omp_get_max_threads()
-#endif
-        );
-    std::printf("  requests                 %d finished, %ld rejected, of %d\n", finished, m.num_requests_rejected, R);
-    std::printf("  num_preemptions_total    %ld  (%d requests preempted at least once, at most %d times)\n",
-                m.num_preemptions_total, preempted_reqs, max_pre);
+    else std::printf("\nmetrics (wall clock, %d CPU thread(s)):\n", opt.math == pkv::MathPath::kFast ? workload::cpu_threads() : 1);
+    std::printf("  requests                 %d finished, %ld rejected, of %d\n", finished, m.num_requests_rejected, opt.requests);
+    std::printf("  num_preemptions_total    %ld  (%d requests preempted at least once, at most %d times)\n", m.num_preemptions_total,
+                preempted_reqs, max_pre);
     std::printf("  useful output tokens     %ld\n", m.generation_tokens_total);
     std::printf("  recomputed tokens        %ld  (%.0f%% of the useful output: work done twice)\n", m.recomputed_tokens_total,
                 m.generation_tokens_total ? 100.0 * m.recomputed_tokens_total / m.generation_tokens_total : 0.0);
-    if (opt.policy.preemption == pkv::Preemption::kSwap)
+    if (opt.policy.preemption == pkv::Preemption::kSwap) {
+        const pkv::SwapStats sw = swap_stats(eng);
         std::printf("  swap                     %ld out, %ld in, %.2f MB out + %.2f MB in, %ld fallbacks to recompute (swap space %d blocks)\n",
-                    m.num_swap_outs, m.num_swap_ins, m.swap_out_bytes / 1e6, m.swap_in_bytes / 1e6, m.num_swap_fallbacks,
-                    opt.swap_space_blocks);
+                    sw.num_swap_outs, sw.num_swap_ins, sw.bytes_out / 1e6, sw.bytes_in / 1e6, sw.num_swap_fallbacks, opt.swap_space_blocks);
+    }
     std::printf("  tokens through the model %ld  (prompt %ld + decode + recompute)\n", m.computed_tokens_total, m.prompt_tokens_total);
     std::printf("  kv_cache_usage_perc      peak %.0f%%\n", 100 * m.max_kv_cache_usage_perc);
     if (opt.prefix_caching)
@@ -275,22 +283,116 @@ int run(int argc, char** argv) {
                 1e3 * m.e2e_request_latency.percentile(99));
     std::printf("  throughput               %.0f useful tok/s, %.0f processed tok/s, %ld steps in %.2f s (%s)\n",
                 m.generation_tokens_total / wall, m.computed_tokens_total / wall, m.num_steps, wall, pkv::to_string(opt.device));
-    if (opt.device != pkv::Device::kCpu && !sim) {
-        // The same workload on the CPU, for the figure beside it (and a check:
-        // the tokens must be the same; greedy argmax of float32 logits can
-        // only differ on a near-tie, which we would report).
-        pkv::Engine cpu(pkv::make_model_runner(pkv::Device::kCpu, mt.model), engine_config(opt));
-        add_workload(cpu, mt.tok, opt);
-        const auto c0 = std::chrono::steady_clock::now();
-        cpu.run_until_done();
-        const double cpu_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-        int same = 0;
-        for (int i = 0; i < R; ++i) same += cpu.request(i)->tokens == eng.request(i)->tokens;
-        std::printf("  same workload on cpu     %.0f useful tok/s (%s is %.3gx the CPU); %d of %d requests token-identical\n",
-                    cpu.metrics().generation_tokens_total / cpu_wall, pkv::to_string(opt.device),
-                    (m.generation_tokens_total / wall) / (cpu.metrics().generation_tokens_total / cpu_wall), same, R);
+}
+
+// On the kernel path: the same workload on the CPU, for the figure beside it,
+// and a check: the tokens must be the same (greedy argmax of float32 logits
+// could only differ on a near-tie, which this would report).
+void compare_with_cpu(pkv::Engine& eng, const Options& opt, const pkv::ModelAndTokenizer& mt, double wall) {
+    const std::unique_ptr<pkv::Engine> engine = workload::make_engine(opt, pkv::make_model_runner(pkv::Device::kCpu, mt.model, opt.math));
+    pkv::Engine& cpu = *engine;
+    workload::add_workload(cpu, mt.tok, opt);
+    const auto c0 = std::chrono::steady_clock::now();
+    cpu.run_until_done();
+    const double cpu_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    int same = 0;
+    for (int i = 0; i < opt.requests; ++i) same += cpu.request(i)->tokens == eng.request(i)->tokens;
+    const double tok_s = eng.metrics().generation_tokens_total / wall, cpu_tok_s = cpu.metrics().generation_tokens_total / cpu_wall;
+    std::printf("  same workload on cpu     %.0f useful tok/s (%s is %.3gx the CPU); %d of %d requests token-identical\n", cpu_tok_s,
+                pkv::to_string(opt.device), tok_s / cpu_tok_s, same, opt.requests);
+}
+
+// --view, --trace: a recorder on the engine, attached before the requests
+// arrive (a rejection is recorded too); none when neither is asked for.
+// Every file problem shows now, before the run.
+std::unique_ptr<viewer::Recorder> make_recorder(pkv::Engine& eng, const Options& opt, const pkv::ModelAndTokenizer& mt) {
+    if (opt.view_path.empty() && opt.trace_path.empty()) return nullptr;
+    if (!opt.view_path.empty()) {
+        if (eng.config().num_blocks > viewer::kMaxPageBlocks)
+            cli::bad_usage("--view draws every block of the pool: at most " + std::to_string(viewer::kMaxPageBlocks) + ", and this one has " +
+                           std::to_string(eng.config().num_blocks) + " (lower --num-blocks or --kv-cache-mb; --trace has no limit)");
+        viewer::embedded_page();  // (throws if this build has no page)
+        workload::check_writable(opt.view_path);
     }
+    if (!opt.trace_path.empty()) workload::check_writable(opt.trace_path);
+    viewer::RunInfo info;
+    info.model = mt.name;
+    info.device = pkv::to_string(opt.device);
+    info.workload = std::to_string(opt.requests) + " requests x (" + std::to_string(opt.prompt_len) + " prompt + " +
+                    std::to_string(opt.max_tokens) + " output tokens), all arriving at once";
+    info.victim = pkv::to_string(opt.policy.victim);
+    info.preemption = pkv::to_string(opt.policy.preemption);
+    info.admission = pkv::to_string(opt.policy.admission);
+    auto rec = std::make_unique<viewer::Recorder>(mt.tok, info, /*keep=*/true);
+    rec->attach(eng);
+    return rec;
+}
+
+// The recording, written out. What was written goes to stderr: stdout may
+// be --json's.
+void write_recording(const viewer::Recorder& rec, const Options& opt) {
+    std::fflush(stdout);  // (the report first, on a terminal or in a pipe)
+    if (!opt.view_path.empty()) {
+        const std::string page = viewer::page(viewer::embedded_page(), rec.page_data());
+        viewer::write_file(opt.view_path, page);
+        std::fprintf(stderr, "overload: wrote %s (%ld steps, %zu KiB): open it in a browser, offline (keys: arrows, space, p)\n",
+                     opt.view_path.c_str(), rec.num_records(), page.size() / 1024);
+    }
+    if (!opt.trace_path.empty()) {
+        viewer::write_file(opt.trace_path, viewer::trace(rec));
+        std::fprintf(stderr, "overload: wrote %s: open it at ui.perfetto.dev (Open trace file) or chrome://tracing\n", opt.trace_path.c_str());
+    }
+}
+
+int run(int argc, char** argv) {
+    const Options opt = parse(argc, argv);
+    const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(opt.checkpoint, opt.tokenizer);
+    // A bad size or a device this build cannot run throws here, with a message
+    // that says what to change; guarded_main prints it. On the simulated GPU
+    // time is modelled: the engine's clock moves only by the step durations.
+    const bool sim = opt.device == pkv::Device::kSim;
+    pkv::VirtualClock sim_clock;
+    pkv::SimOptions sim_opts;
+    sim_opts.gpu = opt.gpu;
+    sim_opts.clock = &sim_clock;
+    const std::unique_ptr<pkv::Engine> engine =
+        workload::make_engine(opt, pkv::make_model_runner(opt.device, mt.model, opt.math, sim_opts), sim ? &sim_clock : nullptr);
+    pkv::Engine& eng = *engine;
+    const bool show = !opt.json;
+    if (show) {
+        std::printf("model: %s (dim %d, %d layers, vocab %d)\n", mt.name.c_str(), mt.model.cfg.dim, mt.model.cfg.n_layers,
+                    mt.model.cfg.vocab_size);
+        std::printf("%s\n", workload::startup_summary(eng).c_str());
+        std::printf("workload: %d requests x (%d prompt + %d output tokens), max_num_seqs %d, admission %s, prefix caching %s\n\n",
+                    opt.requests, opt.prompt_len, opt.max_tokens, opt.max_num_seqs, pkv::to_string(opt.policy.admission),
+                    opt.prefix_caching ? "on" : "off");
+        // The periodic log goes to stderr, and only when asked (--log-interval):
+        // on a terminal it would land between the lanes.
+        eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
+    }
+    Streams streams(mt.tok, opt.requests);
+    eng.on_event = [&](const pkv::StreamEvent& e) { streams.on_event(e); };
+    const std::unique_ptr<viewer::Recorder> rec = make_recorder(eng, opt, mt);
+
+    const std::vector<std::vector<int32_t>> prompts = workload::add_workload(eng, mt.tok, opt);
+    for (int i = 0; i < opt.requests; ++i) {
+        streams.prev_token[(size_t)i] = prompts[(size_t)i].back();
+        if (show && eng.request(i)->finish_reason == pkv::FinishReason::kRejected)
+            std::printf("request %d rejected: %s\n", i, eng.request(i)->reject_reason.c_str());
+    }
+    std::unique_ptr<LaneChart> chart = show && !opt.no_lanes ? std::make_unique<LaneChart>(opt.requests) : nullptr;
+    const double wall = run_steps(eng, streams, chart.get(), sim ? &sim_clock : nullptr, rec.get());
+    if (opt.json) {
+        print_json(eng, opt, mt.name, prompts, wall);
+    } else {
+        print_streams(eng, streams, sim);
+        print_metrics(eng, opt, wall, sim);
+        if (opt.device != pkv::Device::kCpu && !sim) compare_with_cpu(eng, opt, mt, wall);
+    }
+    if (rec) write_recording(*rec, opt);  // last: where the files went is the last thing said
     return 0;
 }
+
+}  // namespace
 
 int main(int argc, char** argv) { return cli::guarded_main("overload", [&] { return run(argc, argv); }); }

@@ -8,7 +8,9 @@
 //   (one command line)
 //
 // Endpoints: POST /v1/completions, POST /v1/chat/completions (what a request
-// may say: examples/openai_api.hpp), GET /v1/models, GET /health, GET /metrics.
+// may say: examples/openai_api.hpp), GET /v1/models, GET /health, GET /metrics,
+// and the viewer: GET /view (the page of examples/viewer/, live) and GET
+// /view/events (its event stream: one record per engine step, section 7).
 //
 // ---- the threads ---------------------------------------------------------------
 //
@@ -91,6 +93,22 @@
 // the engine: malformed JSON, wrong types, unknown fields, ids out of range,
 // max_tokens past the context (400), a model we do not serve (404).
 //
+// ---- the viewer ------------------------------------------------------------------
+//
+// GET /view is the page of examples/viewer/ in live mode: it subscribes to
+// GET /view/events, where a recorder on the engine thread
+// (examples/recorder.hpp) sends one record per step -- who ran, who was
+// preempted and why, every block table, the free list, the tokens -- so a
+// student runs build/loadgen and watches the cache run out as it happens. The
+// engine records only while a page is subscribed (--max-viewers caps how
+// many; 0 turns /view off); with none it runs as if there were no viewer. A
+// step's record travels to the I/O thread in the same batch as the step's
+// tokens, and from there to each page. Bounded: each page's connection queues
+// at most kViewQueueBytes; a record that does not fit is dropped, and the page
+// told how many (every record is a whole snapshot, so the next one stands on
+// its own); a page that takes nothing for --write-timeout is closed, like any
+// client. The engine thread never waits for a page, nor one page for another.
+//
 // ---- shutting down ---------------------------------------------------------------
 //
 // The first SIGTERM or Ctrl-C stops accepting connections and closes those
@@ -155,6 +173,8 @@
 #include "examples/cli.hpp"
 #include "examples/devices.hpp"
 #include "examples/openai_api.hpp"
+#include "examples/recorder.hpp"
+#include "examples/viewer_page.hpp"
 #include "examples/workload.hpp"
 #include "tiny_model/tokenizer.hpp"
 
@@ -173,7 +193,7 @@ std::chrono::nanoseconds seconds(double s) { return std::chrono::duration_cast<s
 // 1. Options
 // ============================================================================
 
-// The engine's knobs are study::Setup's (examples/workload.hpp), with `make
+// The engine's knobs are workload::Setup's (examples/workload.hpp), with `make
 // run`'s defaults: 40 blocks of 16 tokens, max_num_seqs 16, so that
 // build/loadgen's default workload (make run's, over HTTP) preempts here as
 // it does there. The rest is the HTTP edge.
@@ -185,7 +205,7 @@ std::chrono::nanoseconds seconds(double s) { return std::chrono::duration_cast<s
 // preemption pause is over before a human watching curl could see it; a
 // delay of 50-100 ms per step slows everything down evenly, and the pause
 // becomes something you watch happen.
-struct Options : study::Setup {
+struct Options : workload::Setup {
     std::string checkpoint, tokenizer, model_name;
     std::string host = "127.0.0.1";
     int port = 8000;
@@ -199,6 +219,7 @@ struct Options : study::Setup {
     double shutdown_timeout = 5.0;     // seconds answers may go on after the first SIGTERM
     bool sse_comments = true;          // ": pagedkv preempted" / ": pagedkv resumed" in streams
     int step_delay_ms = 0;             // demo knob: sleep after every step
+    int max_viewers = 4;               // /view/events streams at once; 0 = the viewer is off
     bool log_requests = false;
 };
 
@@ -236,12 +257,13 @@ Options parse(int argc, char** argv) {
     p.text("--host", &o.host, "ADDR", "address to listen on; anything but 127.0.0.1 exposes the server to the network");
     p.integer("--port", &o.port, 0, 65535, "TCP port; 0 = any free port (printed at startup)");
     p.text("--model-name", &o.model_name, "NAME", "the model id clients name (default: 'built-in', or the checkpoint's file name without .bin)");
-    p.integer("--num-blocks", &o.num_blocks, 1, study::kMaxBlocks, "KV cache blocks");
+    p.integer("--num-blocks", &o.num_blocks, 1, workload::kMaxBlocks, "KV cache blocks");
     p.integer("--block-size", &o.block_size, 1, pkv::kMaxBlockSize, "tokens per block");
-    p.integer("--max-num-batched-tokens", &o.max_num_batched_tokens, 1, study::kMaxLen, "token budget per step");
-    study::add_engine_flags(p, o);
+    p.integer("--max-num-batched-tokens", &o.max_num_batched_tokens, 1, workload::kMaxLen, "token budget per step");
+    workload::add_engine_flags(p, o);
     p.choice("--device", &o.device, {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU)");
+    pkv::add_math_flag(p, &o.math);
     p.real("--log-interval", &o.log_interval, 0, 3600, "seconds between vLLM-style INFO lines on stderr; 0 = off");
     p.integer("--max-connections", &o.max_connections, 1, 65536,
               "completions answered at once (streams and bodies); one more gets a fast 429. /health, /metrics and /v1/models never count");
@@ -257,6 +279,8 @@ Options parse(int argc, char** argv) {
            "seconds answers in progress may go on after SIGTERM or Ctrl-C; then streams end with an error event (a second signal: exit at once)");
     p.on_off("--sse-comments", &o.sse_comments, "mark preemption pauses in streams with SSE comment lines (every client ignores them)");
     p.integer("--step-delay-ms", &o.step_delay_ms, 0, 10000, "sleep this long after every engine step (a demo knob: makes a pause long enough to watch)");
+    p.integer("--max-viewers", &o.max_viewers, 0, 64,
+              "pages watching the engine at /view at once (each gets every step's record; one more gets a 429); 0 = /view is off");
     p.flag("--log-requests", &o.log_requests, "one line per finished request on stderr");
     p.epilog("Try: curl -N http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\\n"
              "       -d '{\"prompt\": \"Once upon a time\", \"max_tokens\": 32, \"temperature\": 0, \"stream\": true}'");
@@ -265,6 +289,21 @@ Options parse(int argc, char** argv) {
     if (o.model_name.empty())
         o.model_name = o.checkpoint.empty() ? "built-in" : std::filesystem::path(o.checkpoint).stem().string();
     return o;
+}
+
+// What the viewer's page says about this server's run (the engine's own
+// configuration comes from the engine).
+viewer::RunInfo live_run_info(const Options& o) {
+    viewer::RunInfo info;
+    info.mode = "live";
+    info.events_url = "/view/events";
+    info.model = o.model_name;
+    info.device = pkv::to_string(o.device);
+    info.workload = "requests from HTTP clients, as they come";
+    info.victim = pkv::to_string(o.policy.victim);
+    info.preemption = pkv::to_string(o.policy.preemption);
+    info.admission = pkv::to_string(o.policy.admission);
+    return info;
 }
 
 // ============================================================================
@@ -325,6 +364,12 @@ struct Listener {
 
 // Runs a function on the I/O thread (net::post onto its event loop).
 using PostFn = std::function<void(std::function<void()>)>;
+// The viewer's records, as server-sent events, for the pages (I/O thread).
+struct ViewRecord {
+    bool state;       // a "state" record (a page starts from one), not a "step"
+    std::string sse;  // the event's bytes
+};
+using ViewSink = std::function<void(const std::vector<ViewRecord>&)>;
 
 // The engine thread. The I/O thread calls submit(), abort() and scrape();
 // the engine thread runs loop(), and is the only thread that touches `eng_`
@@ -333,10 +378,10 @@ class EngineLoop {
 public:
     enum class Admit { kQueued, kShed, kDown };
 
-    EngineLoop(pkv::Engine& eng, const Options& o, PostFn post)
+    EngineLoop(pkv::Engine& eng, const Options& o, const pkv::Tokenizer& tok, PostFn post, ViewSink view)
         : eng_(eng), labels_("model_name=\"" + pkv::prometheus_escape(o.model_name) + "\""), max_waiting_(o.policy.max_waiting),
-          step_delay_ms_(o.step_delay_ms), post_(std::move(post)), prompt_tokens_(one_two_five(eng.config().sched.max_model_len)),
-          generation_tokens_(one_two_five(eng.config().sched.max_model_len)) {
+          step_delay_ms_(o.step_delay_ms), post_(std::move(post)), view_(std::move(view)), rec_(tok, live_run_info(o), /*keep=*/false),
+          prompt_tokens_(one_two_five(eng.config().sched.max_model_len)), generation_tokens_(one_two_five(eng.config().sched.max_model_len)) {
         // Runs on the engine thread, inside add_request / step / abort.
         eng_.on_event = [this](const pkv::StreamEvent& e) { route(e); };
     }
@@ -396,6 +441,17 @@ public:
             }
         }
         if (done) return post_([done] { done(""); });
+        cv_.notify_one();
+    }
+    // How many pages watch /view/events now. The engine thread records only
+    // while there is one, and sends a state record whenever the count changes
+    // (a page that joined starts from it).
+    void set_viewers(int n) {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            viewers_ = n;
+            viewers_changed_ = true;
+        }
         cv_.notify_one();
     }
     // "" while the engine thread runs; else why it stopped.
@@ -459,24 +515,31 @@ private:
     // only when the engine has nothing to do. Aborts are applied here,
     // between two steps, never inside one (the step's batch holds the blocks).
     void loop() {
+        int viewers = 0;
+        bool changed = false;
         for (;;) {
             {
                 std::unique_lock<std::mutex> lk(m_);
-                cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || eng_.has_unfinished(); });
+                cv_.wait(lk, [&] { return stopping_ || !inbox_.empty() || eng_.has_unfinished() || viewers_changed_; });
                 if (stopping_) return;
                 taken_.swap(inbox_);  // inbox_ is now empty: the I/O thread goes on filling it
+                viewers = viewers_;
+                changed = viewers_changed_;
+                viewers_changed_ = false;
             }
             int submitted = 0;
             while (!taken_.empty()) {
                 submitted += apply(taken_.front());
                 taken_.pop_front();
             }
+            follow_viewers(viewers, changed);
             publish(submitted);
             release_finished();
             flush();
             if (!eng_.has_unfinished()) continue;
             step_start_ = eng_.now();
             eng_.step();
+            if (rec_.attached()) view_out_.push_back({false, viewer::sse_event("step", rec_.end_step())});
             note_scheduled();
             publish(0);
             release_finished();
@@ -517,6 +580,9 @@ private:
                 return 0;
             case Item::kScrape: {
                 std::string page = eng_.prometheus(labels_) + phases_text();
+                // Swap's own families, when a lab policy swaps (lab/swap.hpp).
+                const pkv::LabPolicy* lab = pkv::lab_policy(eng_.scheduler());
+                if (lab && lab->config().preemption == pkv::Preemption::kSwap) page += pkv::prometheus_swap_text(lab->stats(), labels_);
                 std::ostringstream o;
                 // Read now, unlike a step's snapshot: a freed block shows at once.
                 pkv::prometheus_family(o, "gauge", "kv_cache_free_blocks", "Free KV cache blocks, at scrape time.");
@@ -573,14 +639,26 @@ private:
         done_.clear();
     }
 
+    // The viewer's recorder: attached while a page watches, detached when the
+    // last one leaves; a state record (the whole state now) whenever the
+    // count of pages changed, for one that joined.
+    void follow_viewers(int viewers, bool changed) {
+        if (viewers == 0) return rec_.detach();
+        if (!rec_.attached()) rec_.attach(eng_);
+        if (changed) view_out_.push_back({true, viewer::sse_event("state", rec_.state_record())});
+    }
+
     void tell(const std::shared_ptr<Listener>& to, Note n) { outbox_.emplace_back(to, std::move(n)); }
-    // The notes of one step (or one inbox drain), to the I/O thread in one post.
+    // The notes of one step (or one inbox drain), and its viewer records, to
+    // the I/O thread in one post.
     void flush() {
-        if (outbox_.empty()) return;
-        post_([batch = std::move(outbox_)] {
+        if (outbox_.empty() && view_out_.empty()) return;
+        post_([batch = std::move(outbox_), view = std::move(view_out_), sink = &view_] {
             for (const auto& [to, n] : batch) to->on_note(n);
+            if (!view.empty()) (*sink)(view);
         });
         outbox_.clear();
+        view_out_.clear();
     }
 
     std::string phases_text() const {
@@ -617,13 +695,17 @@ private:
     const std::string labels_;
     const int max_waiting_, step_delay_ms_;
     const PostFn post_;
-    // Engine thread only: request id -> its route, for requests that can
+    const ViewSink view_;  // (called on the I/O thread: it never changes)
+    // Engine thread only: the viewer's recorder and this step's records;
+    // request id -> its route, for requests that can
     // still emit; the items taken from the inbox, being applied; the notes
     // of this step; finished ids to release; the phase histograms (vLLM's
     // request ladder; the samples themselves are not kept).
     std::unordered_map<int, Live> live_;
     std::deque<Item> taken_;
     std::vector<std::pair<std::shared_ptr<Listener>, Note>> outbox_;
+    viewer::Recorder rec_;
+    std::vector<ViewRecord> view_out_;
     std::vector<int> done_;
     double step_start_ = 0;  // engine clock, when the current step began
     pkv::Histogram queue_{pkv::request_latency_buckets()}, prefill_{pkv::request_latency_buckets()},
@@ -635,6 +717,8 @@ private:
     std::deque<Item> inbox_;
     int waiting_ = 0;      // the engine's waiting + swapped queues, as of its last publish
     int handed_over_ = 0;  // submissions in the inbox or being applied
+    int viewers_ = 0;      // pages watching /view/events
+    bool viewers_changed_ = false;
     bool stopping_ = false;
     std::string failed_;   // why the engine thread stopped ("" while it runs)
     std::thread thread_;
@@ -682,6 +766,8 @@ public:
     void close() { close_now(); }
     // Shutdown's deadline: end the answer now, as an error the client sees.
     void cut(const std::string& why);
+    // A page watching /view/events: the engine's records for it.
+    void view_send(const std::vector<ViewRecord>& records);
 
 private:
     // ---- reading the request ---------------------------------------------------
@@ -699,6 +785,7 @@ private:
     void completion(bool chat);
     void send_head(const std::string& content_type);
     void on_events(const std::vector<pkv::StreamEvent>& evs);
+    void view_events();
     void finish(const std::string& reason, std::string& out);
     void fail_stream(const std::string& why);
     void end_answer();
@@ -758,6 +845,11 @@ private:
     std::string body_text_;        // not streamed: the text so far
     std::string finish_;           // "stop" / "length" once known
     int preemptions_ = 0;
+    // A page watching /view/events: its stream started with a state record
+    // (until then step records are not sent: they would stand on nothing);
+    // records dropped since the last "dropped" event told it.
+    bool viewer_ = false, view_ready_ = false;
+    long view_dropped_ = 0;
     std::array<char, 512> sink_{};  // the watch's reads land here, unused
     size_t discarded_ = 0;
 };
@@ -775,8 +867,14 @@ class Server {
 public:
     Server(const Options& o, pkv::Engine& eng, const pkv::Tokenizer& tok, net::io_context& io)
         : o_(o), tok_(tok), io_(io), acceptor_(io), signals_(io, SIGINT, SIGTERM), drain_timer_(io),
-          loop_(eng, o, [this](std::function<void()> f) { net::post(io_, std::move(f)); }) {
+          loop_(eng, o, tok, [this](std::function<void()> f) { net::post(io_, std::move(f)); },
+                [this](const std::vector<ViewRecord>& r) { publish_view(r); }) {
         lim_.model_id = o.model_name;
+        if (o.max_viewers > 0) {  // the page and its stream's first event, made once (the engine's configuration is fixed)
+            const std::string header = viewer::header_json(live_run_info(o), eng.config());
+            view_page_ = viewer::page(viewer::embedded_page(), header);
+            view_hello_ = viewer::sse_event("hello", header);
+        }
         lim_.vocab_size = eng.model().vocab_size;
         lim_.max_model_len = eng.config().sched.max_model_len;
         seed_state_ = std::random_device{}();
@@ -834,6 +932,22 @@ public:
     // A request without a seed gets one no other request shares.
     uint64_t next_seed() { return pkv::splitmix64(seed_state_); }
     std::time_t start_time() const { return start_time_; }
+
+    // ---- the viewer's pages ---------------------------------------------------------
+    const std::string& view_page() const { return view_page_; }
+    const std::string& view_hello() const { return view_hello_; }
+    // A page subscribes, unless --max-viewers are subscribed already.
+    bool add_viewer(const std::shared_ptr<Connection>& c);
+    void remove_viewer(const Connection& c) {
+        if (viewers_.erase(c.serial())) loop_.set_viewers((int)viewers_.size());
+    }
+    // A batch of records from the engine thread, to every page.
+    void publish_view(const std::vector<ViewRecord>& records) {
+        std::vector<std::shared_ptr<Connection>> pages;
+        for (auto& [serial, weak] : viewers_)
+            if (auto c = weak.lock()) pages.push_back(c);
+        for (auto& c : pages) c->view_send(records);
+    }
 
     // The edge's families, after the engine's (I/O thread, at scrape time).
     std::string edge_metrics() const {
@@ -964,6 +1078,8 @@ private:
     EdgeStats stats_;
     // Every open connection, oldest first (make_room evicts from the front).
     std::map<uint64_t, std::weak_ptr<Connection>> open_;
+    std::map<uint64_t, std::weak_ptr<Connection>> viewers_;  // pages on /view/events
+    std::string view_page_, view_hello_;
     uint64_t next_serial_ = 0;
     int answers_ = 0;  // completions being answered (--max-connections)
     bool draining_ = false, finished_ = false;
@@ -975,6 +1091,13 @@ private:
 // ============================================================================
 // 5. The connection's code
 // ============================================================================
+
+bool Server::add_viewer(const std::shared_ptr<Connection>& c) {
+    if ((int)viewers_.size() >= o_.max_viewers) return false;
+    viewers_[c->serial()] = c;
+    loop_.set_viewers((int)viewers_.size());
+    return true;
+}
 
 Connection::Connection(Server& srv, tcp::socket sock, uint64_t serial)
     : srv_(srv), sock_(std::move(sock)), timer_(srv.io()), serial_(serial) {}
@@ -1051,7 +1174,8 @@ struct Route {
     const char* allow;
 };
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET, HEAD"},
-                             {"/health", "GET, HEAD"},     {"/metrics", "GET, HEAD"}};
+                             {"/health", "GET, HEAD"},     {"/metrics", "GET, HEAD"},           {"/view", "GET, HEAD"},
+                             {"/view/events", "GET, HEAD"}};
 
 // The request's head is in: what can be decided without its body is decided
 // here, before the body is read.
@@ -1074,7 +1198,8 @@ bool Connection::on_head() {
     if (!route) {
         srv_.stats().bad_requests++;
         error(404, "no route for " + method + " " + path_ +
-                       " (this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)",
+                       " (this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, "
+                       "GET /view, GET /view/events)",
               "invalid_request_error", "not_found");
         return false;
     }
@@ -1127,6 +1252,12 @@ void Connection::dispatch() {
         return answer(200, "application/json", openai::dump({{"object", "list"}, {"data", openai::ojson::array({m})}}));
     }
     if (p == "/metrics") return metrics();
+    if (p == "/view" || p == "/view/events") {
+        if (srv_.options().max_viewers == 0)
+            return error(404, "the viewer is off on this server (--max-viewers 0)", "invalid_request_error", "not_found");
+        if (p == "/view") return answer(200, "text/html; charset=utf-8", srv_.view_page());
+        return view_events();
+    }
     completion(p == "/v1/chat/completions");
 }
 
@@ -1252,7 +1383,7 @@ void Connection::send_head(const std::string& content_type) {
     http::response<http::empty_body> res{http::status::ok, 11};
     res.set(http::field::server, "pagedkv");
     res.set(http::field::content_type, content_type);
-    if (req_->stream) res.set(http::field::cache_control, "no-cache");
+    if (content_type == "text/event-stream") res.set(http::field::cache_control, "no-cache");
     res.keep_alive(false);
     chunked_ = !http10_;
     if (chunked_) res.chunked(true);
@@ -1312,6 +1443,51 @@ void Connection::on_events(const std::vector<pkv::StreamEvent>& evs) {
         if (head_sent_ && chunked_) write(beast::buffers_to_string(http::make_chunk_last()), true);
         else close_after_write_ = true;
         if (!writing_ && out_.empty()) close_gracefully();
+    }
+}
+
+// GET /view/events: a page subscribes to the engine's records. The head and
+// a "hello" (the run's header) go now; the records follow from the engine
+// thread (view_send), starting with a state record. Like a completion's
+// stream it ends when the page leaves or the server stops.
+void Connection::view_events() {
+    if (head_method_) return answer(200, "text/event-stream", "");
+    if (!srv_.add_viewer(shared_from_this()))
+        return error(429, "too many viewers: this server streams to " + std::to_string(srv_.options().max_viewers) +
+                              " pages at once (--max-viewers); retry after a moment", "rate_limit_error", "too_many_viewers", "", true);
+    viewer_ = true;
+    // The kernel's share of the bound: a fixed send buffer (Linux grows an
+    // unset one up to megabytes), so a page that reads nothing holds at most
+    // this much in the kernel besides kViewQueueBytes here.
+    beast::error_code ignored;
+    sock_.set_option(net::socket_base::send_buffer_size(64 * 1024), ignored);
+    send_head("text/event-stream");
+    write_body(srv_.view_hello());
+    watch();  // the page leaving is seen at once
+}
+
+// Records for this page. Nothing waits here: the bytes are queued for the
+// socket, at most kViewQueueBytes of them; a step record that does not fit
+// is dropped and counted, and the page is told how many ("dropped") with the
+// next record that fits. A state record is never dropped: the page needs one
+// to start from, and there is one per page that joins.
+constexpr size_t kViewQueueBytes = 256 * 1024;
+void Connection::view_send(const std::vector<ViewRecord>& records) {
+    if (phase_ != Phase::kAnswering || client_gone_) return;
+    size_t queued = 0;
+    for (const std::string& b : out_) queued += b.size();
+    for (const ViewRecord& r : records) {
+        if (!r.state && !view_ready_) continue;
+        if (!r.state && queued + r.sse.size() > kViewQueueBytes) {
+            view_dropped_++;
+            continue;
+        }
+        std::string bytes = view_dropped_ > 0 ? viewer::sse_event("dropped", "{\"records\":" + std::to_string(view_dropped_) + "}") : "";
+        bytes += r.sse;
+        view_dropped_ = 0;
+        view_ready_ = true;
+        queued += bytes.size();
+        write_body(bytes);
     }
 }
 
@@ -1492,6 +1668,7 @@ void Connection::close_now() {
     disarm();
     beast::error_code ignored;
     sock_.close(ignored);  // pending operations end with operation_aborted
+    if (viewer_) srv_.remove_viewer(*this);
     srv_.closed(*this);
 }
 
@@ -1559,9 +1736,9 @@ int run(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
 
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer(o.checkpoint, o.tokenizer);
-    pkv::EngineConfig ec = study::engine_config(o);
-    ec.keep_latency_samples = false;  // histograms only: flat memory however long we run
-    pkv::Engine eng(pkv::make_model_runner(o.device, mt.model), ec);
+    opts.keep_latency_samples = false;  // histograms only: flat memory however long we run
+    const std::unique_ptr<pkv::Engine> engine = workload::make_engine(o, pkv::make_model_runner(o.device, mt.model, o.math));
+    pkv::Engine& eng = *engine;
     if (o.log_interval > 0) eng.on_log = [](const std::string& line) { std::fprintf(stderr, "INFO %s\n", line.c_str()); };
     net::io_context io(1);  // one thread runs it: the handlers need no locks among themselves
     Server server(o, eng, mt.tok, io);
@@ -1569,7 +1746,7 @@ int run(int argc, char** argv) {
 
     std::printf("model: %s (id \"%s\": dim %d, %d layers, vocab %d)\n", mt.name.c_str(), o.model_name.c_str(), mt.model.cfg.dim,
                 mt.model.cfg.n_layers, mt.model.cfg.vocab_size);
-    std::printf("%s\n", study::startup_summary(eng).c_str());
+    std::printf("%s\n", workload::startup_summary(eng).c_str());
     std::printf("edge: %d completions at once, up to %d connections open, requests within %s s (silent at most %s s), headers up to %d KiB, "
                 "bodies up to %d KiB, %s\n",
                 o.max_connections, o.max_open_connections, cli::number_text(o.request_timeout).c_str(), cli::number_text(o.read_timeout).c_str(),

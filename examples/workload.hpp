@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,7 +39,7 @@
 #include "tiny_model/builtin.hpp"
 #include "tiny_model/tokenizer.hpp"
 
-namespace study {
+namespace workload {
 
 // ============================================================================
 // 1. The knobs
@@ -59,7 +60,15 @@ struct EngineKnobs {
     pkv::KVDtype kv_dtype = pkv::KVDtype::kF32;
     double kv_cache_mb = 0.0;   // 0 = use num_blocks
     double log_interval = 0.0;  // the engine's periodic log line; 0 = off
+    bool keep_latency_samples = true;  // false: histograms only (a server's flat memory)
 };
+
+// The knobs' policy, with its swap space when it swaps.
+inline pkv::PolicyConfig policy_of(const EngineKnobs& k) {
+    pkv::PolicyConfig p = k.policy;
+    p.swap_space_blocks = p.preemption == pkv::Preemption::kSwap ? k.swap_space_blocks : 0;
+    return p;
+}
 
 inline pkv::EngineConfig engine_config(const EngineKnobs& k) {
     pkv::EngineConfig ec;
@@ -69,18 +78,45 @@ inline pkv::EngineConfig engine_config(const EngineKnobs& k) {
     ec.sched.max_num_seqs = k.max_num_seqs;
     ec.sched.max_num_batched_tokens = k.max_num_batched_tokens;
     ec.sched.max_model_len = k.max_model_len;
-    ec.sched.policy = pkv::make_policy(k.policy);
-    ec.sched.swap_space_blocks = k.policy.preemption == pkv::Preemption::kSwap ? k.swap_space_blocks : 0;
+    ec.sched.policy = pkv::make_policy(policy_of(k));
     ec.kv_dtype = k.kv_dtype;
     ec.kv_cache_bytes = (uint64_t)(k.kv_cache_mb * 1048576.0);
     ec.log_interval_s = k.log_interval;
+    ec.keep_latency_samples = k.keep_latency_samples;
     return ec;
+}
+
+// An engine of config `ec` and lab policy `policy` on `runner`, timed by
+// `clock` (the wall clock when null). A swapping policy gets whoever copies
+// its blocks here, once the engine, and so the KV cache, exists
+// (lab/policies.hpp's SwapTarget): the simulated GPU prices its own copies;
+// any other runner gets real host memory (lab/swap.hpp's HostSwapMemory,
+// checked against the machine's memory).
+inline std::unique_ptr<pkv::Engine> make_engine(pkv::EngineConfig ec, const pkv::PolicyConfig& policy, std::unique_ptr<pkv::ModelRunner> runner,
+                                                pkv::Clock* clock = nullptr) {
+    const bool swap = policy.preemption == pkv::Preemption::kSwap;
+    auto target = std::make_shared<pkv::SwapTarget>();
+    ec.sched.policy = pkv::make_policy(policy, swap ? target : nullptr);
+    auto eng = std::make_unique<pkv::Engine>(std::move(runner), ec, clock);
+    if (!swap) return eng;
+    if (auto* sim = dynamic_cast<pkv::SimRunner*>(&eng->runner())) {
+        target->copier = sim;
+    } else {
+        target->owned = std::make_unique<pkv::HostSwapMemory>(eng->runner(), eng->geometry(), policy.swap_space_blocks);
+        target->copier = target->owned.get();
+    }
+    return eng;
+}
+// The same, for the knobs every program shares.
+inline std::unique_ptr<pkv::Engine> make_engine(const EngineKnobs& k, std::unique_ptr<pkv::ModelRunner> runner, pkv::Clock* clock = nullptr) {
+    return make_engine(engine_config(k), policy_of(k), std::move(runner), clock);
 }
 
 // One engine configuration plus one synthetic workload, as a flat set of
 // knobs (the command-line flags map onto it).
 struct Setup : EngineKnobs {
     pkv::Device device = pkv::Device::kCpu;
+    pkv::MathPath math = pkv::MathPath::kReference;  // the reference's arithmetic, or lab's (--math)
     // The workload.
     int requests = 24, prompt_len = 32, max_tokens = 96;
     double temperature = 0.0;
@@ -140,8 +176,8 @@ inline std::string startup_summary(pkv::Engine& eng) {
     std::snprintf(buf, sizeof buf,
                   "KV cache: %d blocks x %d tokens = %ld token slots (%.2f MiB of %s, %d layers, on %s). max_model_len %d. "
                   "Maximum concurrency for %d tokens per request: %.2fx",
-                  c.num_blocks, c.block_size, pool_tokens, (double)c.num_blocks * eng.block_bytes() / 1048576.0, pkv::to_string(c.kv_dtype),
-                  eng.model().n_layers, pkv::to_string(eng.runner().device()), c.sched.max_model_len, c.sched.max_model_len,
+                  c.num_blocks, c.block_size, pool_tokens, (double)c.num_blocks * eng.geometry().bytes_per_block() / 1048576.0, pkv::to_string(c.kv_dtype),
+                  eng.model().n_layers, eng.runner().device_name().c_str(), c.sched.max_model_len, c.sched.max_model_len,
                   (double)pool_tokens / c.sched.max_model_len);
     return buf;
 }
@@ -195,6 +231,7 @@ inline void add_workload_flags(cli::Parser& p, Setup& s) {
              {{"cpu", pkv::Device::kCpu}, {"emulated", pkv::Device::kEmulated}, {"cuda", pkv::Device::kCuda}, {"sim", pkv::Device::kSim}},
              "where the model runs (emulated: the CUDA kernels on the CPU, slow; cuda: a `make cuda` build on a GPU; "
              "sim: a simulated GPU, --gpu, timed by cost_model.hpp)");
+    pkv::add_math_flag(p, &s.math);
 }
 
 // The engine flags only overload exposes (the studies vary these per row).
@@ -314,4 +351,4 @@ private:
     std::string s_;
 };
 
-}  // namespace study
+}  // namespace workload

@@ -20,7 +20,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "paged_kv.cuh"
 
 namespace pkv {
@@ -395,7 +395,7 @@ PKV_KERNEL void paged_attention_merge_kernel(float* out,              // [num_to
 // -- never the program: two runners on two host threads each launch into their
 // own (tests/test_kernels.cpp runs two at once). It grows to the largest
 // launch so far and is kept, because device memory is allocated rarely (see
-// core/cuda_shim.hpp's device_malloc).
+// core/emu/cuda_shim.hpp's device_malloc).
 class PartitionedAttention {
 public:
     // Check the shape (before anything is launched), size the workspace,

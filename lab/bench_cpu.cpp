@@ -158,8 +158,9 @@ class TimedCpuRunner : public pkv::ModelRunner {
 public:
     explicit TimedCpuRunner(const pkv::Model& m) : inner_(m, std::make_unique<pkv::FastCpuMath>()) {}
     const pkv::Config& model_config() const override { return inner_.model_config(); }
-    pkv::Device device() const override { return inner_.device(); }
-    void init_kv_cache(const pkv::KVGeometry& geo, int swap_blocks) override { inner_.init_kv_cache(geo, swap_blocks); }
+    std::string device_name() const override { return inner_.device_name(); }
+    void init_kv_cache(const pkv::KVGeometry& geo) override { inner_.init_kv_cache(geo); }
+    pkv::KVView kv_view(int layer, int kv) override { return inner_.kv_view(layer, kv); }
     void forward(const pkv::ForwardBatch& b, std::vector<float>& logits) override {
         const double t0 = now_s();
         inner_.forward(b, logits);
@@ -173,8 +174,6 @@ public:
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = pkv::argmax(logits_.data() + i * V, V);
         argmax_s += now_s() - t0;
     }
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& p) override { inner_.swap_out(p); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& p) override { inner_.swap_in(p); }
     double forward_s = 0, argmax_s = 0;  // seconds inside forward() and in the argmax, summed
 
 private:

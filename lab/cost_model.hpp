@@ -419,7 +419,7 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
     validate_rates(hw, swap_bytes != 0);
     validate(p);
     require_number(swap_bytes, "step_cost: swap_bytes", 0, 1e18, false);
-    // ---- exercise 10 begin: the cost of a step ----
+    // ---- exercise 14 begin: lab L6: the cost of a step ----
     // Linear layers read every weight once (the classifier only when some
     // row wants logits) and do 2 FLOPs per weight per token (per logit for
     // the classifier): time = max(bytes / effective bandwidth, FLOPs /
@@ -465,7 +465,7 @@ inline StepCost step_cost(const ModelSpec& m, const Hardware& hw, const CostPara
     }
     s.total_s = s.overhead_s + compute + s.swap_s;
     return s;
-    // ---- exercise 10 end ----
+    // ---- exercise 14 end ----
 }
 
 // ============================================================================

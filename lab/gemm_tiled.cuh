@@ -18,7 +18,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/forward_gpu.cuh"
 

@@ -19,7 +19,10 @@
 // untouched. Nothing here changes what a request computes: its tokens are the
 // same bits under every policy (tests/test_swap.cpp, test_scheduler.cpp).
 //
-// Sections: 1. the choices  2. the host swap space  3. LabPolicy.
+// Swap's host memory, its copies and its counters are lab/swap.hpp's; this
+// file decides when to swap and what becomes of the request.
+//
+// Sections: 1. the choices  2. LabPolicy.
 #pragma once
 
 #include <algorithm>
@@ -35,7 +38,7 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
-#include "core/metrics.hpp"
+#include "lab/swap.hpp"
 #include "scheduler.hpp"
 
 namespace pkv {
@@ -71,7 +74,7 @@ enum class Preemption {
     // vLLM V1's only mode: drop it, recompute prompt + outputs on resume.
     kRecompute,
     // vLLM V0's other mode: copy the victim's blocks to a host "swap space"
-    // of fixed size (SchedulerConfig::swap_space_blocks), copy them back into
+    // of fixed size (PolicyConfig::swap_space_blocks), copy them back into
     // fresh blocks on resume, keeping num_computed_tokens. Costs PCIe bytes
     // both ways and host memory, no recompute. When the swap space is full we
     // fall back to recompute for that victim and count it; vLLM V0 raised an
@@ -99,6 +102,8 @@ struct PolicyConfig {
     // many are already waiting. 0 = unbounded queue. A fast "try again"
     // instead of a stream that stalls behind a queue the engine cannot drain.
     int max_waiting = 0;
+    // Host swap space, in blocks (vLLM V0's CacheConfig.swap_space), for kSwap.
+    int swap_space_blocks = 0;
 
     bool is_card() const {
         return admission == Admission::kBet && victim == Victim::kNewest && preemption == Preemption::kRecompute &&
@@ -114,78 +119,36 @@ inline int sequence_cap(const Scheduler& s, const Request& r) {
 }
 
 // ============================================================================
-// 2. The host swap space: which host slots are free
+// 2. LabPolicy
 // ============================================================================
-//
-// The host memory itself belongs to the model runner; this is only the
-// bookkeeping of its slots, exactly as the block pool is the bookkeeping of
-// the device blocks. A swapped-out request holds one slot per block it had.
-class SwapSpace {
-public:
-    explicit SwapSpace(int num_slots) : num_slots_(num_slots) {
-        if (num_slots < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
-        // pop_back hands out slot 0 first.
-        for (int i = num_slots - 1; i >= 0; --i) free_.push_back(i);
-    }
-    int num_slots() const { return num_slots_; }
-    int num_free() const { return (int)free_.size(); }
-    int in_use() const { return num_slots_ - num_free(); }
 
-    // n slots, or {} (and nothing taken) when fewer than n are free.
-    std::vector<int32_t> take(int n) {
-        std::vector<int32_t> out;
-        if (n > num_free()) return out;
-        for (int i = 0; i < n; ++i) {
-            out.push_back(free_.back());
-            free_.pop_back();
-        }
-        return out;
-    }
-    void give_back(const std::vector<int32_t>& slots) { free_.insert(free_.end(), slots.begin(), slots.end()); }
-
-    // Every slot is free xor held exactly once by one of `held` (the swapped
-    // requests' slot lists). "" when that holds.
-    std::string check_invariants(const std::vector<const std::vector<int32_t>*>& held) const {
-        std::vector<int> holders((size_t)num_slots_, 0);
-        for (int32_t s : free_) {
-            if (s < 0 || s >= num_slots_) return "free swap slot out of range";
-            holders[s]++;
-        }
-        for (const std::vector<int32_t>* v : held)
-            for (int32_t s : *v) {
-                if (s < 0 || s >= num_slots_) return "swap slot out of range";
-                holders[s]++;
-            }
-        for (int s = 0; s < num_slots_; ++s)
-            if (holders[s] != 1) return "swap slot " + std::to_string(s) + " is held " + std::to_string(holders[s]) + " times";
-        return "";
-    }
-
-private:
-    int num_slots_;
-    std::vector<int32_t> free_;  // [free slots] host swap slot ids
+// Where a swapping LabPolicy finds whoever moves the bytes (lab/swap.hpp).
+// The copier needs the KV cache, which exists only once the engine does, so
+// it is set after the engine is built (examples/workload.hpp, make_engine):
+// `owned` when this object owns it (HostSwapMemory), or only `copier` when the
+// engine's runner is the copier itself (the simulated GPU).
+struct SwapTarget {
+    std::unique_ptr<BlockCopier> owned;
+    BlockCopier* copier = nullptr;
 };
-
-// ============================================================================
-// 3. LabPolicy
-// ============================================================================
 
 class LabPolicy : public SchedulerPolicy {
 public:
-    // Swap (Preemption::kSwap) counters: victims swapped out / back in, blocks
-    // copied each way, and victims that found the swap space full.
-    struct Stats {
-        long num_swap_outs = 0, num_swap_ins = 0, blocks_swapped_out = 0, blocks_swapped_in = 0, num_swap_fallbacks = 0;
-    };
-
-    LabPolicy(const PolicyConfig& c, int swap_space_blocks) : cfg_(c), swap_(swap_space_blocks) {
+    LabPolicy(const PolicyConfig& c, std::shared_ptr<SwapTarget> target = nullptr)
+        : cfg_(c), swap_(c.swap_space_blocks), target_(std::move(target)) {
         if (c.max_waiting < 0) throw std::invalid_argument("max_waiting must be >= 0 (0 = unbounded)");
         // Written so that NaN fails too: every comparison with NaN is false.
         if (!(c.watermark >= 0.0 && c.watermark < 1.0)) throw std::invalid_argument("watermark must be in [0, 1)");
     }
 
     const PolicyConfig& config() const { return cfg_; }
-    const Stats& stats() const { return stats_; }
+    // The swap counters, as of now (lab/swap.hpp section 3).
+    SwapStats stats() const {
+        SwapStats s = stats_;
+        s.slots_in_use = swap_.in_use();
+        s.num_slots = swap_.num_slots();
+        return s;
+    }
     const std::deque<Request*>& swapped() const { return swapped_; }  // front = next to swap in
     const SwapSpace& swap_space() const { return swap_; }
     // The host slots holding `r`'s blocks (logical order) while it is swapped out.
@@ -204,7 +167,7 @@ public:
     // kNewest: the back of running (vLLM's running.pop()); kOldest: the front;
     // kFair: the most output tokens, the newest on a tie, as vLLM would.
     Request* pick_victim(const std::vector<Request*>& running) override {
-        // ---- exercise 5 begin: the running loop of schedule() ----
+        // ---- exercise 11 begin: lab L3: choosing the victim ----
         // kNewest: the back of `running`; kOldest: the front; kFair: the most
         // output tokens, the newest on a tie.
         if (cfg_.victim == Victim::kNewest) return running.back();
@@ -213,19 +176,21 @@ public:
         for (auto it = running.rbegin(); it != running.rend(); ++it)
             if ((*it)->num_output_tokens() > v->num_output_tokens()) v = *it;
         return v;
-        // ---- exercise 5 end ----
+        // ---- exercise 11 end ----
     }
 
     // Swap: copy the blocks that hold computed K/V to host slots, keep
     // num_computed_tokens, wait at the front of the swapped queue. A victim
     // whose blocks do not fit in the free swap slots falls back to recompute.
-    bool take_victim(Scheduler& s, Request& victim, SchedulerOutput& out) override {
-        // ---- exercise 6 begin: preempt(): free, forget, requeue ----
+    bool take_victim(Scheduler& s, Request& victim) override {
+        // ---- exercise 12 begin: lab L3: swap out and back in ----
         // Swap: take host slots for the blocks holding computed tokens; if you
-        // get them, record out.swap_out pairs, keep num_computed_tokens, free
-        // the blocks, go to the front of swapped_ (count stats_.num_swap_outs,
-        // blocks_swapped_out) and return true. Otherwise count
-        // stats_.num_swap_fallbacks and return false (the scheduler recomputes).
+        // get them, copy those blocks out now (copy_out: before they are
+        // freed, before anything can write them), keep num_computed_tokens,
+        // free the blocks, go to the front of swapped_ (count
+        // stats_.num_swap_outs, blocks_swapped_out) and return true. Otherwise
+        // count stats_.num_swap_fallbacks and return false (the scheduler
+        // recomputes).
         // A victim with no computed token (its first chunk never ran) has
         // nothing to copy and nothing to recompute: return false at once,
         // taking no slot and counting neither a swap-out nor a fallback.
@@ -237,45 +202,61 @@ public:
             stats_.num_swap_fallbacks++;
             return false;
         }
-        for (int b = 0; b < nblk; ++b) out.swap_out.push_back({victim.block_table.blocks[b], slots[b]});
+        BlockSlotPairs pairs;
+        for (int b = 0; b < nblk; ++b) pairs.push_back({victim.block_table.blocks[(size_t)b], slots[(size_t)b]});
+        copier().copy_out(pairs);
+        stats_.bytes_out += (long)(nblk * copier().bytes_per_block());
         slots_[victim.id] = std::move(slots);
         stats_.num_swap_outs++;
         stats_.blocks_swapped_out += nblk;
         free_blocks(s.pool(), victim.block_table);
         swapped_.push_front(&victim);
         return true;
-        // ---- exercise 6 end ----
+        // ---- exercise 12 end ----
     }
 
     // Swapped-out requests come back before anything new is admitted (vLLM
     // V0's order): their K/V are waiting in host memory, and a queue head that
     // cannot come back yet blocks new admissions too.
     bool resume(Scheduler& s, SchedulerOutput& out, int& budget) override {
+        // ---- exercise 12 begin: lab L3: swap out and back in ----
+        // Back in: front of swapped_ first, while budget and max_num_seqs
+        // allow. Grow its empty table to num_computed_tokens + n (n: what it
+        // still needs, capped by the budget); if the pool cannot, stop (it
+        // stays at the front). Copy its host slots into the new blocks
+        // (copy_in, logical order), give the slots back, count stats_
+        // (num_swap_ins, blocks_swapped_in, bytes_in), s.start_running it.
+        // Return true only when nobody is left swapped out: until then no new
+        // request is admitted.
         while (!swapped_.empty() && budget > 0 && (int)s.running().size() < s.config().max_num_seqs) {
             Request* req = swapped_.front();
             const int n = std::min(req->num_tokens() - req->num_computed_tokens, budget);
             if (!allocate_slots(s.pool(), req->block_table, {}, (int64_t)req->num_computed_tokens + n)) break;
             std::vector<int32_t>& slots = slots_[req->id];
-            for (size_t b = 0; b < slots.size(); ++b) out.swap_in.push_back({req->block_table.blocks[b], slots[b]});
+            BlockSlotPairs pairs;
+            for (size_t b = 0; b < slots.size(); ++b) pairs.push_back({req->block_table.blocks[b], slots[b]});
+            copier().copy_in(pairs);  // into the fresh blocks, before this step's forward pass reads them
             swap_.give_back(slots);
             stats_.num_swap_ins++;
             stats_.blocks_swapped_in += (long)slots.size();
+            stats_.bytes_in += (long)(slots.size() * copier().bytes_per_block());
             slots_.erase(req->id);
             swapped_.pop_front();
             s.start_running(req, n, out, budget);
         }
         return swapped_.empty();
+        // ---- exercise 12 end ----
     }
 
     Admit admission(const Scheduler& s, const Request& req, Admit a) override {
-        // ---- exercise 7 begin: admission and the full-sequence gate ----
+        // ---- exercise 13 begin: lab L3: reservation and the watermark ----
         // Reserve: must_hold and alloc_tokens are the request's longest
         // sequence (sequence_cap). The watermark keeps its share of
         // the pool free, but only while something runs.
         if (cfg_.admission == Admission::kReserve) a.must_hold = a.alloc_tokens = sequence_cap(s, req);
         if (!s.running().empty()) a.keep_free = (int64_t)(cfg_.watermark * s.pool().num_blocks());
         return a;
-        // ---- exercise 7 end ----
+        // ---- exercise 13 end ----
     }
 
     bool forget(Request& r) override {
@@ -302,26 +283,28 @@ public:
         return swap_.check_invariants(held);
     }
 
-    void report(Metrics& m) const override {
-        m.num_swap_outs = stats_.num_swap_outs;
-        m.num_swap_ins = stats_.num_swap_ins;
-        m.num_swap_fallbacks = stats_.num_swap_fallbacks;
-        m.swap_space_usage_perc = swap_.num_slots() ? (double)swap_.in_use() / swap_.num_slots() : 0.0;
-    }
-
 private:
+    BlockCopier& copier() const {
+        if (!target_ || !target_->copier)
+            throw std::logic_error("LabPolicy: swap has no copier; build the engine with make_engine (examples/workload.hpp), "
+                                   "which gives it one");
+        return *target_->copier;
+    }
     PolicyConfig cfg_;
-    Stats stats_;
+    SwapStats stats_;                                         // counted as they happen; stats() adds the slots
     SwapSpace swap_;                                          // which host swap slots are free
+    std::shared_ptr<SwapTarget> target_;                      // who copies (kSwap only)
     std::deque<Request*> swapped_;                            // swapped out, front = next to swap in
     std::unordered_map<int, std::vector<int32_t>> slots_;     // request id -> its host slots, logical order
 };
 
 // The SchedulerConfig::policy for `c`: empty when `c` is the card's, so that
-// the card's scheduler runs without any policy object of ours.
-inline std::function<std::unique_ptr<SchedulerPolicy>(const SchedulerConfig&)> make_policy(const PolicyConfig& c) {
+// the card's scheduler runs without any policy object of ours. A swapping
+// policy copies through `target` (set once the engine exists: SwapTarget).
+inline std::function<std::unique_ptr<SchedulerPolicy>(const SchedulerConfig&)> make_policy(const PolicyConfig& c,
+                                                                                           std::shared_ptr<SwapTarget> target = nullptr) {
     if (c.is_card()) return {};
-    return [c](const SchedulerConfig& sc) { return std::make_unique<LabPolicy>(c, sc.swap_space_blocks); };
+    return [c, target](const SchedulerConfig&) { return std::make_unique<LabPolicy>(c, target); };
 }
 
 // The LabPolicy a scheduler runs, or nullptr (the card's).

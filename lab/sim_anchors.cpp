@@ -739,7 +739,7 @@ int run(int argc, char** argv) {
         if (json) {
             std::vector<std::string> js;
             for (const WorldRow& x : w)
-                js.push_back(study::Json()
+                js.push_back(workload::Json()
                                  .str("claim", x.claim)
                                  .str("source", x.source)
                                  .str("world", x.world)
@@ -749,7 +749,7 @@ int run(int argc, char** argv) {
                                  .boolean("agree", x.world_verdict == x.sim_verdict)
                                  .str("why", x.why)
                                  .dump());
-            std::printf("%s\n", study::Json().raw("rows", study::Json::array(js)).dump().c_str());
+            std::printf("%s\n", workload::Json().raw("rows", workload::Json::array(js)).dump().c_str());
             return 0;
         }
         std::printf("sim_anchors --world: each claim against a real engine's published figures, and the simulator at that configuration\n\n");
@@ -779,7 +779,7 @@ int run(int argc, char** argv) {
         std::vector<std::string> js;
         for (size_t i = 0; i < rows.size(); ++i) {
             const Anchor& a = rows[i];
-            study::Json j;
+            workload::Json j;
             j.str("id", a.id).str("set", a.set).str("source", a.source).str("engine", a.engine).str("host_profile", a.host);
             j.str("config", a.config).str("gpu", a.gpu).str("model", a.model).str("metric", metric_name(a.metric));
             j.num("published", a.published).num("predicted", out[i].predicted).num("ratio", out[i].predicted / a.published);
@@ -790,9 +790,9 @@ int run(int argc, char** argv) {
             if (!out[i].error.empty()) j.str("error", out[i].error);
             js.push_back(j.dump());
         }
-        auto set_json = [](const Summary& s) { return study::Json().integer("rows", s.n).num("median_abs_error", s.median).num("max_abs_error", s.worst).dump(); };
-        std::printf("%s\n", study::Json()
-                                .raw("rows", study::Json::array(js))
+        auto set_json = [](const Summary& s) { return workload::Json().integer("rows", s.n).num("median_abs_error", s.median).num("max_abs_error", s.worst).dump(); };
+        std::printf("%s\n", workload::Json()
+                                .raw("rows", workload::Json::array(js))
                                 .raw("fit", set_json(sf))
                                 .raw("holdout", set_json(sh))
                                 .integer("rows_comparing_preemptions", compared)

@@ -4,7 +4,7 @@
 // the same thing: an Engine over a SimRunner, its KV pool sized as vLLM sizes
 // it -- what the GPU holds after the weights and the activation reserve
 // (cost_model.hpp section 3) -- and its clock the simulated one. This is that
-// recipe, once, on top of the knobs every program shares (study::EngineKnobs,
+// recipe, once, on top of the knobs every program shares (workload::EngineKnobs,
 // examples/workload.hpp).
 #pragma once
 
@@ -17,6 +17,9 @@
 #include "lab/sim_runner.hpp"
 
 namespace study {
+
+// The knobs, workloads and helpers every program shares (examples/workload.hpp).
+using namespace workload;
 
 // The EngineConfig of `knobs` for an engine on `runner`: the cache's element
 // type is the simulated model's, and num_blocks 0 means vLLM's rule (the
@@ -36,15 +39,17 @@ inline pkv::EngineConfig sim_engine_config(const EngineKnobs& knobs, const pkv::
     return ec;
 }
 
-// An engine of `knobs` on a simulated GPU of `sc`, timed by `clock` (a
-// VirtualClock, usually). sc's batch limits follow the knobs, so that the
-// cost model reserves activations for the batches the scheduler will make.
-inline std::unique_ptr<pkv::Engine> make_sim_engine(pkv::SimConfig sc, const EngineKnobs& knobs, pkv::Clock* clock) {
+// An engine of `knobs` on a simulated GPU of `sc`, timed by `clock`, which
+// each step moves on by its modelled duration. sc's batch limits follow the
+// knobs, so that the cost model reserves activations for the batches the
+// scheduler will make; a swapping policy's copies are priced by the runner.
+inline std::unique_ptr<pkv::Engine> make_sim_engine(pkv::SimConfig sc, const EngineKnobs& knobs, pkv::VirtualClock* clock) {
     sc.max_num_batched_tokens = knobs.max_num_batched_tokens;
     sc.max_num_seqs = knobs.max_num_seqs;
     auto runner = std::make_unique<pkv::SimRunner>(sc);
+    runner->set_clock(clock);
     const pkv::EngineConfig ec = sim_engine_config(knobs, *runner);
-    return std::make_unique<pkv::Engine>(std::move(runner), ec, clock);
+    return make_engine(ec, policy_of(knobs), std::move(runner), clock);
 }
 
 }  // namespace study

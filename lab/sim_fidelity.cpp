@@ -129,11 +129,11 @@ Options parse(int argc, char** argv) {
 
 // A step's batch, as the runner saw it: per sequence row, its new tokens and
 // where its context ends (what SimRunner hands step_cost()), the logits rows,
-// and the preemptions and swaps the scheduler decided. Two runs that agree on
+// and the preemptions the scheduler decided. Two runs that agree on
 // these for every step ran the same schedule.
 struct StepShape {
     std::vector<pkv::StepItem> items;
-    int logits = 0, preempted = 0, swapped_blocks = 0;
+    int logits = 0, preempted = 0;
 
     int tokens() const {
         int n = 0;
@@ -152,16 +152,15 @@ struct StepShape {
         return false;
     }
     bool operator==(const StepShape& o) const {
-        if (items.size() != o.items.size() || logits != o.logits || preempted != o.preempted || swapped_blocks != o.swapped_blocks)
-            return false;
+        if (items.size() != o.items.size() || logits != o.logits || preempted != o.preempted) return false;
         for (size_t i = 0; i < items.size(); ++i)
             if (items[i].new_tokens != o.items[i].new_tokens || items[i].context_end != o.items[i].context_end) return false;
         return true;
     }
     std::string describe() const {
         char b[160];
-        std::snprintf(b, sizeof b, "%d sequences, %d tokens, %d logits, %.0f keys, %d preempted, %d blocks swapped", (int)items.size(),
-                      tokens(), logits, keys(), preempted, swapped_blocks);
+        std::snprintf(b, sizeof b, "%d sequences, %d tokens, %d logits, %.0f keys, %d preempted", (int)items.size(), tokens(), logits,
+                      keys(), preempted);
         return b;
     }
 };
@@ -251,10 +250,10 @@ Run run_engine(std::unique_ptr<Recording> owned, const Options& o, const std::ve
     };
     for (const study::PlannedRequest& r : reqs) eng.add_request(r.prompt, r.params);
     auto* vclock = dynamic_cast<pkv::VirtualClock*>(clock);
+    if constexpr (std::is_base_of_v<pkv::SimRunner, Recording>) rec->set_clock(vclock);  // the simulated GPU moves it on
     while (eng.has_unfinished()) {
         preempted = 0;
         const size_t before = rec->shapes.size();
-        const long swaps_before = eng.metrics().swap_out_bytes + eng.metrics().swap_in_bytes;
         const double v0 = vclock ? vclock->t : 0.0;
         const auto w0 = std::chrono::steady_clock::now();
         const double c0 = pkv::thread_cpu_seconds();
@@ -269,8 +268,6 @@ Run run_engine(std::unique_ptr<Recording> owned, const Options& o, const std::ve
                                    " forward passes, expected one");
         StepShape s = rec->shapes.back();
         s.preempted = preempted;
-        const long swapped = eng.metrics().swap_out_bytes + eng.metrics().swap_in_bytes - swaps_before;
-        s.swapped_blocks = (int)(swapped / (long)std::max<size_t>(1, eng.block_bytes()));
         run.shapes.push_back(s);
     }
     if constexpr (std::is_same_v<Recording, RecordingCpuRunner>) run.forward_cpu_s = rec->forward_cpu_s;
@@ -330,7 +327,7 @@ ErrorStats error_stats(const std::vector<double>& real, const std::vector<double
 }
 
 std::string stats_json(const ErrorStats& e) {
-    return study::Json()
+    return workload::Json()
         .integer("steps", e.steps)
         .num("real_s", e.real_s)
         .num("sim_s", e.sim_s)
@@ -384,7 +381,7 @@ int run(int argc, char** argv) {
     }
     const std::vector<study::PlannedRequest> reqs = study::plan_traffic(t, c.vocab_size);
 
-    const double load_start = study::load_average();
+    const double load_start = workload::load_average();
 
     // 1. The real engine, --repeat times, each on a fresh engine and
     // runner, each right after a calibration of the preset: a machine shared
@@ -413,7 +410,7 @@ int run(int argc, char** argv) {
     pkv::VirtualClock vclock;
     const Run sim = run_engine(std::make_unique<RecordingSimRunner>(sim_cfg), o, reqs, &vclock);
     check_same_schedule(real[0], sim, "real vs simulated");
-    const double load_end = study::load_average();
+    const double load_end = workload::load_average();
 
     // 4. Per step: the median over the real runs, the modelled duration.
     const size_t n = sim.shapes.size();
@@ -473,7 +470,7 @@ int run(int argc, char** argv) {
         std::vector<std::string> worst_json;
         for (size_t i : worst) {
             const StepShape& s = sim.shapes[i];
-            worst_json.push_back(study::Json()
+            worst_json.push_back(workload::Json()
                                      .integer("step", (long)i + 1)
                                      .integer("sequences", (long)s.items.size())
                                      .integer("tokens", s.tokens())
@@ -487,8 +484,8 @@ int run(int argc, char** argv) {
         }
         std::string sweep;
         for (size_t i = 0; i < cal.sweep_tokens.size(); ++i)
-            sweep += (i ? "," : "") + study::Json().integer("tokens", cal.sweep_tokens[i]).num("s", cal.sweep_seconds[i]).dump();
-        const std::string calj = study::Json()
+            sweep += (i ? "," : "") + workload::Json().integer("tokens", cal.sweep_tokens[i]).num("s", cal.sweep_seconds[i]).dump();
+        const std::string calj = workload::Json()
                                      .num("elapsed_s", cal.elapsed_s)
                                      .integer("calibrations", o.repeat)
                                      .integer("rounds", o.calibration_rounds)
@@ -509,7 +506,7 @@ int run(int argc, char** argv) {
                                      .num("fit_max_residual", cal.fit_max_residual)
                                      .raw("sweep", "[" + sweep + "]")
                                      .dump();
-        const std::string workload = study::Json()
+        const std::string workload = workload::Json()
                                          .str("model", mt.name)
                                          .str("traffic", o.traffic == TrafficKind::kFixed ? "fixed" : "chat")
                                          .integer("requests", o.requests)
@@ -521,12 +518,12 @@ int run(int argc, char** argv) {
                                          .integer("max_num_batched_tokens", o.max_num_batched_tokens)
                                          .integer("seed", (long)o.seed)
                                          .dump();
-        const std::string kinds = study::Json()
+        const std::string kinds = workload::Json()
                                       .raw("decode_only", stats_json(e_decode))
                                       .raw("prefill_or_recompute", stats_json(e_chunk))
                                       .raw("with_preemption", stats_json(e_preempt))
                                       .dump();
-        std::printf("%s\n", study::Json()
+        std::printf("%s\n", workload::Json()
                                 .raw("workload", workload)
                                 .integer("repeat", o.repeat)
                                 .str("timer", timer_name)
@@ -548,10 +545,10 @@ int run(int argc, char** argv) {
                                 .raw("other_timer", stats_json(e_other_timer))
                                 .raw("forward_only", stats_json(e_fwd))
                                 .num("real_engine_overhead_median_s", real_engine_median)
-                                .raw("worst_steps", study::Json::array(worst_json))
+                                .raw("worst_steps", workload::Json::array(worst_json))
                                 .num("load_average_start", load_start)
                                 .num("load_average_end", load_end)
-                                .str("warning", study::busy_warning(load_start, load_end))
+                                .str("warning", workload::busy_warning(load_start, load_end))
                                 .dump()
                                 .c_str());
         return 0;
@@ -562,7 +559,7 @@ int run(int argc, char** argv) {
                 mt.name.c_str(), o.requests, t.prompt.describe().c_str(), t.output.describe().c_str(), o.num_blocks, o.block_size,
                 o.max_num_seqs, o.max_num_batched_tokens, o.repeat, o.timer == Timer::kCpu ? "this thread's CPU time" : "wall clock");
     std::printf("load average: %.1f before, %.1f after\n", load_start, load_end);
-    if (const std::string w = study::busy_warning(load_start, load_end); !w.empty())
+    if (const std::string w = workload::busy_warning(load_start, load_end); !w.empty())
         std::printf("%s\n  (thread CPU time, which the errors below use unless --timer wall, does not count the waits for the CPU)\n",
                     w.c_str());
 

@@ -1,21 +1,25 @@
-// lab/sim_runner.hpp -- lab/LAB.md chapter L6: a simulated GPU, the third
-// ModelRunner, with no weights and no logits, only a modelled duration for
-// every step (cost_model.hpp says how the duration is computed).
+// lab/sim_runner.hpp -- lab/LAB.md chapter L6: a simulated GPU, a third
+// ModelRunner (tiny_model/runner.hpp's seam), with no weights and no logits,
+// only a modelled duration for every step (cost_model.hpp says how the
+// duration is computed).
 //
 // Everything above the runner is the real thing: the scheduler, the block
 // pool with its prefix cache, preemption and swap bookkeeping, the metrics and
 // the event stream. The engine hands SimRunner the same flat batch it would
 // hand the CPU or a GPU; SimRunner reads off the batch's composition (how many
 // new tokens each request computes, how long its context is), asks the cost
-// model what that step would take on the chosen GPU, and returns tokens
-// without computing anything:
-//   token = 3 + hash(request seed, output index) mod (vocab - 3)
-// a pure function of the request, never of the batch or the step, so a
+// model what that step would take on the chosen GPU, moves the simulated
+// clock (VirtualClock, below) on by that much, and returns tokens without
+// computing anything:
+//   token = 3 + hash(the sequence's last token, its position) mod (vocab - 3)
+// a pure function of the sequence, never of the batch or the step, so a
 // preempted and recomputed request produces the very same tokens (and the
 // special ids 0..2, <unk>/BOS/EOS, never come out: requests end by max_tokens,
-// which the workload draws). The engine advances its clock by the modelled
-// duration (Clock::advance), so every latency it records -- TTFT, ITL, the
-// pauses of preemption -- is in simulated seconds.
+// which the workload draws). The engine reads every timestamp from the same
+// clock, so every latency it records -- TTFT, ITL, the pauses of preemption --
+// is in simulated seconds. A swap's copies are priced too: SimRunner is the
+// BlockCopier of a swapping policy (lab/swap.hpp) and charges them to the
+// next step (cost_model.hpp section 4b).
 //
 // The `cpu` preset is the one hardware we can check the model against: it is
 // measured here (calibrate_cpu) from the project's own CPU forward pass, and
@@ -36,8 +40,10 @@
 #include <vector>
 
 #include "core/block_pool.hpp"
+#include "core/clock.hpp"
 #include "lab/cost_model.hpp"
 #include "lab/fast_cpu.hpp"
+#include "lab/swap.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_batch.hpp"
 #include "tiny_model/model.hpp"
@@ -57,8 +63,10 @@ struct SimConfig {
     // The engine's host work per step (cost_model.hpp section 4c); none by
     // default: only the GPU's step is charged.
     HostProfile host;
-    // vLLM's gpu_memory_utilization, and the two scheduler limits its
-    // activation reserve depends on (cost_model.hpp section 3).
+    // vLLM's gpu_memory_utilization (its default was 0.9 through at least
+    // v0.11; its newest config says 0.92, a change we did not date), and the
+    // two scheduler limits its activation reserve depends on (cost_model.hpp
+    // section 3).
     double memory_utilization = 0.9;
     int max_num_batched_tokens = 8192, max_num_seqs = 256;
 };
@@ -79,7 +87,16 @@ inline SimConfig sim_config(const std::string& gpu, const std::string& model, co
     return s;
 }
 
-class SimRunner : public ModelRunner {
+// Simulated time: it moves only when the simulated GPU says its work took
+// time (SimRunner::forward_argmax), so inside a step everything before the
+// forward pass happens at the step's start and every token at its end.
+struct VirtualClock : Clock {
+    double t = 0.0;
+    double now() override { return t; }
+    void advance(double seconds) { t += seconds; }
+};
+
+class SimRunner : public ModelRunner, public BlockCopier {
 public:
     explicit SimRunner(SimConfig cfg) : cfg_(std::move(cfg)) {
         validate(cfg_.model);  // cost_model.hpp's doors: every field named when it is impossible
@@ -96,11 +113,11 @@ public:
                                         " of its memory): pick a larger GPU or a smaller model");
     }
     const SimConfig& config() const { return cfg_; }
+    // The clock this runner moves on by each step's modelled duration (the
+    // engine's: pass the same one to both), or none.
+    void set_clock(VirtualClock* clock) { clock_ = clock; }
     const Config& model_config() const override { return cfg_.model.shape; }
-    Device device() const override { return Device::kSim; }
-    bool kv_in_host_memory() const override { return false; }
-    bool produces_tokens() const override { return true; }
-    bool needs_block_tables() const override { return false; }
+    std::string device_name() const override { return "sim"; }
     // The KV budget of vLLM's rule (cost_model.hpp section 3) for a pool of
     // `block_size` blocks; the engine turns it into blocks.
     uint64_t memory_for_kv_cache() const override {
@@ -108,16 +125,22 @@ public:
                                           cfg_.max_num_seqs);
         return k.kv_budget_bytes > 0 ? (uint64_t)k.kv_budget_bytes : 0;
     }
-    // Swap space is modelled, not allocated: any size the scheduler asks for.
-    uint64_t memory_for_swap() const override { return UINT64_MAX; }
-    void init_kv_cache(const KVGeometry& geo, int) override { geo_ = geo; }
+    void init_kv_cache(const KVGeometry& geo) override { geo_ = geo; }
+    KVView kv_view(int, int) override { throw std::logic_error("the simulated GPU keeps no K/V bytes: it only prices the steps"); }
 
-    void forward(const ForwardBatch&, std::vector<float>&) override {
-        throw std::logic_error("SimRunner computes no logits (produces_tokens() is true: the engine asks forward_argmax)");
+    // Sampling asks for logits: a row that makes this step's token (below)
+    // the only likely one, so a sampled request still emits it. Greedy runs
+    // (every study) take forward_argmax and never build a row.
+    void forward(const ForwardBatch& b, std::vector<float>& logits) override {
+        std::vector<int32_t> tokens;
+        forward_argmax(b, tokens);
+        const size_t V = (size_t)cfg_.model.shape.vocab_size;
+        logits.assign(tokens.size() * V, 0.0f);
+        for (size_t i = 0; i < tokens.size(); ++i) logits[i * V + (size_t)tokens[i]] = 100.0f;
     }
-    // One step: the cost of the batch (plus the swaps queued since the last
-    // step, priced by cost_model.hpp section 4b), and a token for every row
-    // that wants one.
+    // One step: the cost of the batch (plus the swaps copied since the last
+    // step, priced by cost_model.hpp section 4b), the clock moved on by it,
+    // and a token for every row that wants one.
     void forward_argmax(const ForwardBatch& b, std::vector<int32_t>& tokens) override {
         // Per sequence row: new tokens, and where its context ends.
         items_.assign((size_t)b.num_seqs(), StepItem{0, 0});
@@ -133,22 +156,30 @@ public:
         last_.total_s += last_.host_s;
         pending_swap_ = SwapTraffic{};
         modelled_s_ += last_.total_s;
+        if (clock_) clock_->advance(last_.total_s);
         const int V = cfg_.model.shape.vocab_size;
         tokens.resize(b.logits_indices.size());
-        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = sim_token(b.logits_seed.at(i), b.logits_output_index.at(i), V);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            const int32_t row = b.logits_indices[i];
+            tokens[i] = sim_token(b.token_ids[(size_t)row], b.positions[(size_t)row], V);
+        }
     }
-    // A block crosses the link as 2 x n_layers copies (its K and its V, layer
-    // by layer: vLLM V0's way, cost_model.hpp section 4b).
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+    // As a BlockCopier (lab/swap.hpp): a block crosses the link as
+    // 2 x n_layers copies (its K and its V, layer by layer: vLLM V0's way,
+    // cost_model.hpp section 4b), priced with the next step.
+    void copy_out(const BlockSlotPairs& pairs) override {
         pending_swap_.out_copies += (double)pairs.size() * copies_per_block();
         pending_swap_.out_bytes += (double)pairs.size() * (double)geo_.bytes_per_block();
     }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override {
+    void copy_in(const BlockSlotPairs& pairs) override {
         pending_swap_.in_copies += (double)pairs.size() * copies_per_block();
         pending_swap_.in_bytes += (double)pairs.size() * (double)geo_.bytes_per_block();
     }
+    uint64_t bytes_per_block() const override { return geo_.bytes_per_block(); }
     double copies_per_block() const { return 2.0 * cfg_.model.shape.n_layers; }
-    double take_modelled_seconds() override {
+    // The modelled seconds of every step since the last call (what the clock
+    // was moved by), for a caller that keeps its own account (sim_fidelity).
+    double take_modelled_seconds() {
         const double s = modelled_s_;
         modelled_s_ = 0;
         return s;
@@ -156,10 +187,10 @@ public:
     // The last step's cost, by phase.
     const StepCost& last_step() const { return last_; }
 
-    // The token a simulated request emits as its `output_index`-th output:
-    // splitmix64 of (seed, index), never one of the special ids 0..2.
-    static int32_t sim_token(uint64_t seed, int output_index, int vocab) {
-        uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)output_index + 1;
+    // The token that follows `last` at `position`: splitmix64 of the two,
+    // never one of the special ids 0..2.
+    static int32_t sim_token(int32_t last, int position, int vocab) {
+        uint64_t s = (uint64_t)(uint32_t)last * 0x9e3779b97f4a7c15ull + (uint64_t)position + 1;
         return 3 + (int32_t)(splitmix64(s) % (uint64_t)std::max(1, vocab - 3));
     }
 
@@ -167,9 +198,10 @@ private:
     SimConfig cfg_;
     KVGeometry geo_;
     std::vector<StepItem> items_;  // [num_seqs] this step's composition
-    SwapTraffic pending_swap_;  // the swaps queued for the next step
+    SwapTraffic pending_swap_;  // the swaps copied since the last step, priced with the next
     double modelled_s_ = 0;
     StepCost last_;
+    VirtualClock* clock_ = nullptr;
 };
 
 // ============================================================================

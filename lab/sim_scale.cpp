@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
     // The simulated engine, built as vLLM sizes it (lab/sim_engine.hpp).
     pkv::SimConfig sc = pkv::sim_config(o.gpu, o.model);
     sc.memory_utilization = o.gpu_memory_utilization;
-    study::EngineKnobs knobs;
+    workload::EngineKnobs knobs;
     knobs.num_blocks = 0;  // vLLM's rule: what the GPU holds
     knobs.max_num_seqs = o.max_num_seqs;
     knobs.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -129,7 +129,7 @@ int run(int argc, char** argv) {
     const double ttft50 = m.time_to_first_token.percentile(50) * 1e3, ttft99 = m.time_to_first_token.percentile(99) * 1e3;
     const double itl50 = m.inter_token_latency.percentile(50) * 1e3, itl99 = m.inter_token_latency.percentile(99) * 1e3;
     if (o.json) {
-        std::printf("%s\n", study::Json()
+        std::printf("%s\n", workload::Json()
                                 .str("gpu", o.gpu)
                                 .str("model", o.model)
                                 .integer("requests", o.requests)

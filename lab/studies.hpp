@@ -688,7 +688,7 @@ inline long lstar_for(const Env& env, const std::string& link, int block_size) {
 // these claims count the work a preemption costs, and a burst is what makes
 // preemptions at these lengths; the arrivals are not what they are about.
 // Recompute, recompute with prefix caching, swap with ample space on each
-// link, and a small swap space on the scarcest: vLLM's default, 4 GiB
+// link, and a small swap space on the scarcest: vLLM V0's default, 4 GiB
 // (--swap-space; on this CPU, whose pool is 48 blocks, 2 blocks: about the
 // share of the pool 4 GiB is of an H200's with Llama-3-8B).
 // Part two (C6b): one victim of L tokens, brought back by recompute or by

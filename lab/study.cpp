@@ -149,7 +149,7 @@ int run(int argc, char** argv) {
     for (const study::Study& s : study::all_studies())
         if (s.name == o.name) st = &s;
     if (!st) cli::bad_usage("no study named '" + o.name + "' (build/study --list shows them)");
-    if (!o.svg_path.empty()) study::check_writable(o.svg_path);
+    if (!o.svg_path.empty()) workload::check_writable(o.svg_path);
 
     study::Env env;
     env.device = o.device;
@@ -193,20 +193,20 @@ int run(int argc, char** argv) {
     }
     if (o.json) {
         std::vector<std::string> jc, jv, je, jn;
-        for (const std::string& id : st->claims) jc.push_back(study::Json().str("id", id).str("text", study::claim_text(id)).dump());
+        for (const std::string& id : st->claims) jc.push_back(workload::Json().str("id", id).str("text", study::claim_text(id)).dump());
         for (const study::ClaimVerdict& v : r.verdicts)
-            jv.push_back(study::Json().str("claim", v.claim).str("verdict", study::to_string(v.verdict)).str("because", v.because).dump());
+            jv.push_back(workload::Json().str("claim", v.claim).str("verdict", study::to_string(v.verdict)).str("because", v.because).dump());
         for (const study::Table& t : r.extra) je.push_back(t.json());
-        for (const std::string& n : r.notes) jn.push_back(study::Json::quote(n));
-        std::printf("%s\n", study::Json()
+        for (const std::string& n : r.notes) jn.push_back(workload::Json::quote(n));
+        std::printf("%s\n", workload::Json()
                                 .str("study", st->name)
                                 .str("title", st->title)
                                 .str("device", env.describe())
-                                .raw("claims", study::Json::array(jc))
-                                .raw("notes", study::Json::array(jn))
+                                .raw("claims", workload::Json::array(jc))
+                                .raw("notes", workload::Json::array(jn))
                                 .raw("table", r.table.json())
-                                .raw("extra_tables", study::Json::array(je))
-                                .raw("verdicts", study::Json::array(jv))
+                                .raw("extra_tables", workload::Json::array(je))
+                                .raw("verdicts", workload::Json::array(jv))
                                 .str("verdict", study::to_string(overall))
                                 .str("verdict_text", numbers)
                                 .dump()

@@ -51,6 +51,9 @@
 
 namespace study {
 
+// The knobs, workloads and helpers every program shares (examples/workload.hpp).
+using namespace workload;
+
 // ============================================================================
 // 1. The device
 // ============================================================================
@@ -136,7 +139,7 @@ enum class Router { kRoundRobin, kLeastKv };
 inline const char* to_string(Router r) { return r == Router::kRoundRobin ? "round-robin" : "least-KV-usage"; }
 
 // One configuration a study runs: engine knobs (per replica) and traffic.
-// The engine knobs are study::EngineKnobs (examples/workload.hpp), with one
+// The engine knobs are workload::EngineKnobs (examples/workload.hpp), with one
 // difference: num_blocks 0 = the device's whole pool (the sim: vLLM's rule);
 // the CPU needs a number. kv_dtype is the CPU's cache type; the sim uses its
 // model's, unless kv_bytes_override.
@@ -160,8 +163,8 @@ struct Scenario : EngineKnobs {
 
 // An engine's time: this thread's CPU time in steps on the CPU, modelled time
 // on the sim.
-struct DeviceClock : pkv::Clock {
-    double t = 0;        // device seconds when the current step began (or now, between steps)
+struct DeviceClock : pkv::VirtualClock {
+    // t (VirtualClock's): device seconds when the current step began (or now, between steps)
     bool real = true;    // CPU: add the CPU time a step takes (the sim's clock only advances)
     bool in_step = false;
     double wall0 = 0;
@@ -171,7 +174,6 @@ struct DeviceClock : pkv::Clock {
         return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     }
     double now() override { return real && in_step ? t + (wall() - wall0) : t; }
-    void advance(double seconds) override { t += seconds; }
     void begin_step() {
         in_step = true;
         if (real) wall0 = wall();
@@ -269,6 +271,7 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         s.max_num_batched_tokens = sc.max_num_batched_tokens;
         s.max_num_seqs = sc.max_num_seqs;
         auto sr = std::make_unique<pkv::SimRunner>(s);
+        sr->set_clock(r.clock.get());
         ec = sim_engine_config(sc, *sr);  // lab/sim_engine.hpp: vLLM's pool when num_blocks is 0
         runner = std::move(sr);
         r.clock->real = false;
@@ -276,10 +279,18 @@ inline Replica make_replica(const Env& env, const Scenario& sc) {
         if (sc.num_blocks == 0) throw std::invalid_argument("a CPU scenario needs num_blocks");
         if (!sc.pcie.empty() || sc.kv_bytes_override || sc.memory_utilization > 0)
             throw std::invalid_argument("PCIe, KV byte and memory-utilization overrides are for the sim");
-        runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model);
+        // Timed: lab's fast CPU path (the same tokens as the reference's).
+        runner = pkv::make_model_runner(pkv::Device::kCpu, env.cpu_model->model, pkv::MathPath::kFast);
     }
-    r.engine = std::make_unique<pkv::Engine>(std::move(runner), ec, r.clock.get());
+    r.engine = make_engine(ec, policy_of(sc), std::move(runner), r.clock.get());
     return r;
+}
+
+// Victims swapped out and back in so far, by a lab policy that swaps
+// (lab/swap.hpp's counters); 0 under any other.
+inline long swaps_of(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats().num_swap_outs + lab->stats().num_swap_ins : 0;
 }
 
 // Runs `sc` to the end on `env` and measures it. With several replicas a
@@ -404,7 +415,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         const double t0 = rep.clock->t;
         // (The counters alone: a Metrics also holds every latency sample.)
         const pkv::Metrics& m0 = rep.engine->metrics();
-        const long recomputed0 = m0.recomputed_tokens_total, swaps0 = m0.num_swap_outs + m0.num_swap_ins, prompt0 = m0.prompt_tokens_total;
+        const long recomputed0 = m0.recomputed_tokens_total, swaps0 = swaps_of(*rep.engine), prompt0 = m0.prompt_tokens_total;
         step_gaps.clear();
         step_token_reqs.clear();
         rep.clock->begin_step();
@@ -415,7 +426,7 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         const pkv::Metrics& after = rep.engine->metrics();
         StallCounts& st = stalls[(size_t)k_min];
         st.recompute += after.recomputed_tokens_total > recomputed0;
-        st.swap += after.num_swap_outs + after.num_swap_ins > swaps0;
+        st.swap += swaps_of(*rep.engine) > swaps0;
         st.prefill += after.prompt_tokens_total > prompt0;
         // Each gap ended in this step: the first kind of stall that ran
         // since the request's previous token, up to and including this step.
@@ -468,11 +479,13 @@ inline Measurement measure(const Env& env, const Scenario& sc, const EventHook& 
         out.prompt_tokens += m.prompt_tokens_total;
         out.recomputed_tokens += m.recomputed_tokens_total;
         out.computed_tokens += m.computed_tokens_total;
-        out.swap_outs += m.num_swap_outs;
-        out.swap_ins += m.num_swap_ins;
-        out.swap_fallbacks += m.num_swap_fallbacks;
-        out.swap_out_bytes += m.swap_out_bytes;
-        out.swap_in_bytes += m.swap_in_bytes;
+        const pkv::LabPolicy* lab = pkv::lab_policy(r.engine->scheduler());
+        const pkv::SwapStats sw = lab ? lab->stats() : pkv::SwapStats{};  // lab/swap.hpp
+        out.swap_outs += sw.num_swap_outs;
+        out.swap_ins += sw.num_swap_ins;
+        out.swap_fallbacks += sw.num_swap_fallbacks;
+        out.swap_out_bytes += sw.bytes_out;
+        out.swap_in_bytes += sw.bytes_in;
         out.prefix_cache_hits += m.prefix_cache_hits;
         out.makespan_s = std::max(out.makespan_s, r.clock->t);
         for (int id = 0; id < r.engine->scheduler().num_requests(); ++id) {

@@ -3,7 +3,8 @@
 // After doctest's own summary we list the tests that skipped part or all of
 // their work (pkv_test::skip in test_util.hpp) and why, because doctest
 // counts such a test as passed. PAGEDKV_REQUIRE_MODELS=1 makes a skip for
-// missing model files a failure, PAGEDKV_REQUIRE_GPU=1 one for a missing GPU.
+// missing model files a failure, PAGEDKV_REQUIRE_GPU=1 one for a missing GPU,
+// PAGEDKV_REQUIRE_BROWSER=1 one for a missing headless browser.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -48,14 +49,16 @@ bool env_set(const char* name) {
 
 int main(int argc, char** argv) {
     const bool require_models = env_set("PAGEDKV_REQUIRE_MODELS"), require_gpu = env_set("PAGEDKV_REQUIRE_GPU");
+    const bool require_browser = env_set("PAGEDKV_REQUIRE_BROWSER");
     doctest::Context context(argc, argv);
     int status = context.run();
     if (context.shouldExit()) return status;
     const auto& skips = pkv_test::skips();
-    int models = 0, gpu = 0;
+    int models = 0, gpu = 0, browser = 0;
     for (const auto& s : skips) {
         models += s.kind == pkv_test::SkipKind::kModels;
         gpu += s.kind == pkv_test::SkipKind::kGpu;
+        browser += s.kind == pkv_test::SkipKind::kBrowser;
     }
     if (!skips.empty()) {
         std::printf("[pagedkv] %zu skip(s) (doctest counts these tests as passed):\n", skips.size());
@@ -67,6 +70,10 @@ int main(int argc, char** argv) {
     }
     if (gpu > 0 && require_gpu) {
         std::printf("[pagedkv] FAILURE: %d skip(s) for a missing GPU, and PAGEDKV_REQUIRE_GPU is set\n", gpu);
+        status = status ? status : 1;
+    }
+    if (browser > 0 && require_browser) {
+        std::printf("[pagedkv] FAILURE: %d skip(s) for a missing headless browser, and PAGEDKV_REQUIRE_BROWSER is set\n", browser);
         status = status ? status : 1;
     }
     return status;

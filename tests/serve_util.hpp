@@ -57,9 +57,9 @@ struct Req {
 };
 
 // The output tokens of each request, run in-process on an engine configured
-// like the server (study::engine_config of the same Setup).
-inline std::vector<std::vector<int32_t>> reference(const study::Setup& s, const std::vector<Req>& reqs) {
-    pkv::Engine eng(pkv::make_model_runner(pkv::Device::kCpu, builtin().model), study::engine_config(s));
+// like the server (workload::engine_config of the same Setup).
+inline std::vector<std::vector<int32_t>> reference(const workload::Setup& s, const std::vector<Req>& reqs) {
+    pkv::Engine eng(pkv::make_model_runner(pkv::Device::kCpu, builtin().model), workload::engine_config(s));
     for (const Req& r : reqs) eng.add_request(r.prompt, r.params);
     eng.run_until_done();
     std::vector<std::vector<int32_t>> out;

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "lab/gemm_tiled.cuh"
 #include "tiny_model/forward_gpu.cuh"

@@ -40,7 +40,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "engine.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
@@ -286,13 +286,13 @@ pkv::Model small_random_model(uint64_t seed) { return pkv::make_random_model(sma
 // logit), the greedy choices, and forward_argmax against forward's logits
 // (after the last step; with all_argmax_checks also after the two prefills).
 void compare_cpu_and_kernel_runners(const pkv::Model& m, int block_size, int decode_steps, uint64_t seed, double tol,
-                                    bool all_argmax_checks, pkv::AttentionKernel attention) {
+                                    bool all_argmax_checks, const pkv_test::KernelMath& math) {
     const pkv::Config& c = m.cfg;
     Rng rng(seed);
     const int num_blocks = 3 * pkv::blocks_for_tokens(20 + decode_steps + 1, block_size) + 2;
     const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
     auto cpu = pkv_test::runner(m, pkv::Device::kCpu, geo);
-    auto gpu = pkv_test::runner(m, kernel_device(), geo, 0, attention);
+    auto gpu = pkv_test::kernel_runner(m, geo, math);
     pkv::BlockPool pool = shuffled_pool(num_blocks, block_size, rng);
     std::vector<Seq> seqs(3);
     seqs[0].tokens = random_tokens(rng, 20, c.vocab_size);
@@ -1099,16 +1099,16 @@ TEST_CASE("argmax_rows matches argmax, ties and -inf included") {
 // twice this apart (a closer pair may legitimately swap).
 constexpr double kLogitTol = 2e-5;
 
-// Proves the kernel runner (emulated or CUDA, with either attention kernel) reproduces CpuRunner's logits within kLogitTol and its greedy tokens on the built-in model, over a mixed batch (prefills + decodes of 3 sequences, scattered tables), and forward_argmax == argmax(forward).
+// Proves the kernel runner (emulated or CUDA; the reference GpuMath and FastGpuMath with either attention kernel) reproduces CpuRunner's logits within kLogitTol and its greedy tokens on the built-in model, over a mixed batch (prefills + decodes of 3 sequences, scattered tables), and forward_argmax == argmax(forward).
 TEST_CASE("kernel runner matches CpuRunner on the built-in model") {
     if (no_device()) return;
     const pkv::ModelAndTokenizer mt = pkv::load_model_and_tokenizer("", "");
     // Under ThreadSanitizer (make tsan) 4 decode steps, still past C's join at
     // step 3: each kernel runs on every layer all the same, in half the time.
     const int decode_steps = pkv_test::kThreadSanitized ? 4 : 8;
-    for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
-        INFO("attention kernel " << std::string(pkv::to_string(a)));
-        compare_cpu_and_kernel_runners(mt.model, 16, decode_steps, 101, kLogitTol, false, a);
+    for (const pkv_test::KernelMath& math : pkv_test::kernel_maths()) {
+        INFO("kernel math: " << math.name);
+        compare_cpu_and_kernel_runners(mt.model, 16, decode_steps, 101, kLogitTol, false, math);
     }
 }
 
@@ -1117,9 +1117,9 @@ TEST_CASE("kernel runner matches CpuRunner on a small random model") {
     if (no_device()) return;
     const pkv::Model m = small_random_model(77);
     REQUIRE(m.cfg.head_dim() == 8);
-    for (pkv::AttentionKernel a : {pkv::AttentionKernel::kPartitioned, pkv::AttentionKernel::kBaseline}) {
-        INFO("attention kernel " << std::string(pkv::to_string(a)));
-        compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true, a);
+    for (const pkv_test::KernelMath& math : pkv_test::kernel_maths()) {
+        INFO("kernel math: " << math.name);
+        compare_cpu_and_kernel_runners(m, 4, 10, 202, kLogitTol, true, math);
     }
 }
 
@@ -1212,9 +1212,10 @@ TEST_CASE("make_model_runner picks the device and names the right build") {
 // 7. Batch invariance of the kernel path
 // ===========================================================================
 
-// Proves the kernel path's logits for a token are bit-identical whether it is decoded alone, computed inside one long prefill, or inside chunked prefills mixed with other sequences' prefills and decodes (separate runners, different block sizes and tables).
-TEST_CASE("kernel path is batch-invariant bit for bit") {
-    if (no_device()) return;
+// The kernel path's logits for a token with `math`: decoded alone, inside
+// one long prefill, and inside chunked prefills mixed with other sequences'
+// prefills and decodes must be bit-identical (the test below).
+void check_kernel_batch_invariance(const pkv_test::KernelMath& math) {
     const pkv::Model m = small_random_model(55);
     const pkv::Config& c = m.cfg;
     Rng rng(99);
@@ -1228,7 +1229,7 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
     };
     auto make = [&](int block_size, int num_blocks) {
         const pkv::KVGeometry geo{c.n_layers, num_blocks, block_size, c.n_kv_heads, c.head_dim()};
-        return pkv_test::runner(m, kernel_device(), geo);
+        return pkv_test::kernel_runner(m, geo, math);
     };
     std::vector<std::vector<float>> alone, one_prefill, mixed;
 
@@ -1295,11 +1296,20 @@ TEST_CASE("kernel path is batch-invariant bit for bit") {
     CHECK(first_bit_diff(alone[0], alone[1]) != -1);
 }
 
+// Proves the kernel path's logits for a token are bit-identical whether it is decoded alone, computed inside one long prefill, or inside chunked prefills mixed with other sequences' prefills and decodes (separate runners, different block sizes and tables), with the reference GpuMath and with FastGpuMath's two attention kernels.
+TEST_CASE("kernel path is batch-invariant bit for bit") {
+    if (no_device()) return;
+    for (const pkv_test::KernelMath& math : pkv_test::kernel_maths()) {
+        INFO("kernel math: " << math.name);
+        check_kernel_batch_invariance(math);
+    }
+}
+
 // ===========================================================================
 // 8. build/generate: kernels vs CPU
 // ===========================================================================
 
-// Proves build/generate prints byte-identical greedy text with --device emulated (or, for a `make cuda` build, cuda) and --device cpu, on the built-in model and on stories260K when its files are present.
+// Proves build/generate prints byte-identical greedy text with --device emulated (or, for a `make cuda` build, cuda) and --device cpu, each with --math reference (the default) and --math fast, on the built-in model and on stories260K when its files are present.
 TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
     if (no_device()) return;
     const std::string exe = need_program("generate");  // of this build: build/ or build/cuda/
@@ -1315,12 +1325,15 @@ TEST_CASE("generate prints the same text on the kernel path as on the CPU") {
     for (const Run& run : runs) {
         INFO(run.name);
         const auto [cpu_out, cpu_status] = run_command(shell_quote(exe) + " " + run.args + " --device cpu 2>/dev/null");
-        const auto [dev_out, dev_status] =
-            run_command(shell_quote(exe) + " " + run.args + " --device " + pkv::kDeviceKind + " 2>/dev/null");
         CHECK(cpu_status == 0);
-        CHECK(dev_status == 0);
         CHECK(cpu_out.size() > 20);
-        CHECK(dev_out == cpu_out);
+        for (const std::string& device : {std::string("cpu"), std::string(pkv::kDeviceKind)})
+            for (const char* math : {"reference", "fast"}) {
+                INFO("--device " << device << " --math " << math);
+                const auto [out, status] = run_command(shell_quote(exe) + " " + run.args + " --device " + device + " --math " + math + " 2>/dev/null");
+                CHECK(status == 0);
+                CHECK(out == cpu_out);
+            }
     }
 }
 

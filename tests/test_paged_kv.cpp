@@ -371,8 +371,6 @@ TEST_CASE("free_blocks frees tail first, so tails are reused first") {
 
     free_blocks(pool, a);
     CHECK(a.blocks.empty());
-    CHECK(a.num_hashed == 0);
-    CHECK(a.last_hash == kRootHash);
     CHECK(walk_free_list(pool) == Ids{0, 3, 6, 1, 4, 7, 2, 5});  // 7 (tail) before 5 (head)
     CHECK(invariants(pool, {}) == "");
     CHECK(find_cached_prefix(pool, toks.data(), 13) == Ids{5, 2, 7});
@@ -406,7 +404,7 @@ TEST_CASE("touch pulls a free cached block out of the middle of the free list") 
     CHECK_FALSE(pool.free_list().contains(2));
     CHECK(pool.free_list().prev(2) == -1);
     CHECK(pool.free_list().next(2) == -1);
-    CHECK(pool.prefix_index().entry(2).has_hash);  // a hit keeps its cached contents
+    CHECK(pool.prefix_index().cached(2));  // a hit keeps its cached contents
     CHECK(pool.prefix_index().num_cached_blocks() == 4);
     CHECK(invariants(pool, {&held}) == "");
 
@@ -463,7 +461,6 @@ TEST_CASE("hash chaining: a block's hash depends on its parent") {
     CHECK(pool.prefix_index().entry(a.blocks[0]).block_hash == hx);
     CHECK(pool.prefix_index().entry(a.blocks[1]).parent_hash == hx);
     CHECK(pool.prefix_index().entry(a.blocks[2]).parent_hash == pool.prefix_index().entry(a.blocks[1]).block_hash);
-    CHECK(a.last_hash == pool.prefix_index().entry(a.blocks[2]).block_hash);
     CHECK(pool.prefix_index().entry(a.blocks[1]).tokens == y);
 
     auto query = [&](std::initializer_list<Ids> blocks) {
@@ -490,7 +487,7 @@ TEST_CASE("hash chaining: a block's hash depends on its parent") {
     CHECK(b.blocks[0] == a.blocks[0]);
     CHECK(b.blocks[1] == a.blocks[1]);
     CHECK(b.blocks[2] != a.blocks[2]);
-    CHECK(b.num_hashed == 3);
+    CHECK(pool.prefix_index().cached(b.blocks[2]));
     CHECK(pool.prefix_index().entry(b.blocks[2]).parent_hash == pool.prefix_index().entry(a.blocks[1]).block_hash);
     CHECK(query({x, y, x}) == Ids{a.blocks[0], a.blocks[1], b.blocks[2]});
     CHECK(invariants_bt(pool, {&a, &b}) == "");
@@ -534,18 +531,15 @@ TEST_CASE("cache_full_blocks registers only full blocks, once") {
 
     cache_full_blocks(pool, a, toks.data(), 3);  // nothing full yet
     CHECK(pool.prefix_index().num_cached_blocks() == 0u);
-    CHECK(a.num_hashed == 0);
-    CHECK(a.last_hash == kRootHash);
+    for (int32_t id : a.blocks) CHECK_FALSE(pool.prefix_index().registered(id));
 
     cache_full_blocks(pool, a, toks.data(), 10);  // blocks 0, 1 full; 2 partial
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
-    CHECK(a.num_hashed == 2);
-    CHECK(pool.prefix_index().entry(a.blocks[0]).has_hash);
-    CHECK(pool.prefix_index().entry(a.blocks[1]).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(a.blocks[2]).has_hash);
+    CHECK(pool.prefix_index().cached(a.blocks[0]));
+    CHECK(pool.prefix_index().cached(a.blocks[1]));
+    CHECK_FALSE(pool.prefix_index().cached(a.blocks[2]));
     CHECK(pool.prefix_index().entry(a.blocks[0]).tokens == Ids{1, 2, 3, 4});
     const uint64_t h1 = pool.prefix_index().entry(a.blocks[1]).block_hash;
-    CHECK(a.last_hash == h1);
 
     cache_full_blocks(pool, a, toks.data(), 10);  // idempotent
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
@@ -553,7 +547,6 @@ TEST_CASE("cache_full_blocks registers only full blocks, once") {
 
     cache_full_blocks(pool, a, toks.data(), 12);  // block 2 fills up
     CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    CHECK(a.num_hashed == 3);
     CHECK(pool.prefix_index().entry(a.blocks[2]).parent_hash == h1);
     CHECK(pool.prefix_index().entry(a.blocks[2]).block_hash ==
           hash_block_tokens(h1, toks.data() + 8, 4, ~0ull));
@@ -564,7 +557,8 @@ TEST_CASE("cache_full_blocks registers only full blocks, once") {
     REQUIRE(allocate_slots(pool, b, {}, 12));
     cache_full_blocks(pool, b, toks.data(), 12);
     CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    for (int32_t id : b.blocks) CHECK_FALSE(pool.prefix_index().entry(id).has_hash);
+    for (int32_t id : b.blocks) CHECK_FALSE(pool.prefix_index().cached(id));
+    for (int32_t id : b.blocks) CHECK(pool.prefix_index().entry(id).state == PrefixState::kTwin);  // the chain goes on
     CHECK(find_cached_prefix(pool, toks.data(), 13) == a.blocks);
     CHECK(invariants_bt(pool, {&a, &b}) == "");
 }
@@ -591,7 +585,8 @@ TEST_CASE("collision guard: equal hashes with other contents miss") {
         CHECK(pool.prefix_index().lookup(1, kRootHash, xa.data()) == -1);  // absent hash
         // y's own block collides with x's entry, so it stays uncached.
         BlockTable b = prefill(pool, ya, 3);
-        CHECK_FALSE(pool.prefix_index().entry(b.blocks[0]).has_hash);
+        CHECK_FALSE(pool.prefix_index().cached(b.blocks[0]));
+        CHECK(pool.prefix_index().entry(b.blocks[0]).state == PrefixState::kBroken);
         CHECK(find_cached_prefix(pool, ya.data(), 3).empty());
         CHECK(invariants_bt(pool, {&a, &b}) == "");
     }
@@ -652,8 +647,8 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
 
     CHECK(pool.num_free_blocks() == 4);
     CHECK(pool.kv_cache_usage_perc() == 0.0);  // cached-but-free counts as free
-    CHECK(pool.prefix_index().entry(0).has_hash);
-    CHECK(pool.prefix_index().entry(1).has_hash);
+    CHECK(pool.prefix_index().cached(0));
+    CHECK(pool.prefix_index().cached(1));
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(find_cached_prefix(pool, toks.data(), 9) == Ids{0, 1});
     CHECK(invariants(pool, {}) == "");
@@ -665,7 +660,7 @@ TEST_CASE("lazy eviction: freed blocks stay cached until reallocated") {
 
     REQUIRE(pool.allocate(1, other));  // block 1: evicted now
     CHECK(other.back() == 1);
-    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
+    CHECK_FALSE(pool.prefix_index().cached(1));
     CHECK(pool.prefix_index().entry(1).tokens.empty());
     CHECK(pool.prefix_index().num_cached_blocks() == 1u);
     CHECK(find_cached_prefix(pool, toks.data(), 9) == Ids{0});
@@ -705,8 +700,6 @@ TEST_CASE("allocate_slots counts free prefix hits against capacity") {
     BlockTable b;
     CHECK_FALSE(allocate_slots(pool, b, hits, 13));  // needs 2 hits + 2 new > 3 free
     CHECK(b.blocks.empty());
-    CHECK(b.num_hashed == 0);
-    CHECK(b.last_hash == kRootHash);
     CHECK(pool.num_free_blocks() == 3);
     CHECK(walk_free_list(pool) == free_before);
     for (int32_t id : hits) CHECK(pool.block(id).ref_cnt == 0);
@@ -719,8 +712,6 @@ TEST_CASE("allocate_slots counts free prefix hits against capacity") {
     CHECK(b.blocks.size() == 3u);
     CHECK(b.blocks[0] == hits[0]);
     CHECK(b.blocks[1] == hits[1]);
-    CHECK(b.num_hashed == 2);
-    CHECK(b.last_hash == pool.prefix_index().entry(hits[1]).block_hash);
     CHECK(pool.num_free_blocks() == 0);
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);  // the hits were not evicted
     CHECK(invariants_bt(pool, {&b}) == "");
@@ -762,7 +753,7 @@ TEST_CASE("allocate_slots and cache_full_blocks refuse impossible arguments") {
     CHECK_THROWS_WITH_AS(cache_full_blocks(pool, c, toks.data(), 12), doctest::Contains("the table holds 1 blocks"),
                          std::invalid_argument);
     CHECK_THROWS_AS(cache_full_blocks(pool, c, toks.data(), -1), std::invalid_argument);
-    CHECK(c.num_hashed == 0);
+    CHECK_FALSE(pool.prefix_index().registered(c.blocks[0]));
     CHECK(invariants_bt(pool, {&c}) == "");
 }
 
@@ -772,9 +763,8 @@ TEST_CASE("prefix caching disabled: no hashes, no hits") {
     CHECK_FALSE(pool.prefix_caching());
     const Ids toks = tokens_from(3, 17);
     BlockTable a = prefill(pool, toks, 17);
-    CHECK(a.num_hashed == 0);
     CHECK(pool.prefix_index().num_cached_blocks() == 0u);
-    for (int32_t id : a.blocks) CHECK_FALSE(pool.prefix_index().entry(id).has_hash);
+    for (int32_t id : a.blocks) CHECK_FALSE(pool.prefix_index().cached(id));
     CHECK(find_cached_prefix(pool, toks.data(), 17).empty());
     free_blocks(pool, a);
     CHECK(find_cached_prefix(pool, toks.data(), 17).empty());

@@ -214,15 +214,16 @@ TEST_CASE("abort from inside on_event, for every event type") {
         eng.add_request({}, params(4));  // rejected: empty prompt
     };
     for (Preemption mode : {Preemption::kRecompute, Preemption::kSwap}) {
-        EngineConfig ec = small_config(8, 4);
-        pkv_test::use_policy(ec.sched, {.preemption = mode});
-        ec.sched.swap_space_blocks = 64;
+        const EngineConfig ec = small_config(8, 4);
+        const PolicyConfig policy{.preemption = mode, .swap_space_blocks = 64};
         StepClock c0;
-        Engine clean(pkv_test::runner(model()), ec, &c0);
+        const auto clean_engine = pkv_test::engine_with(ec, policy, pkv_test::runner(model()), &c0);
+        Engine& clean = *clean_engine;
         submit(clean);
         run_checked(clean);
         REQUIRE(clean.metrics().num_preemptions_total > 0);
-        REQUIRE(clean.metrics().num_swap_ins == (mode == Preemption::kSwap ? clean.metrics().num_swap_outs : 0));
+        const SwapStats sw = pkv_test::swap_stats(clean);
+        REQUIRE(sw.num_swap_ins == (mode == Preemption::kSwap ? sw.num_swap_outs : 0));
         const auto want = outputs(clean, 6);
 
         for (EventType trigger : {EventType::kToken, EventType::kPreempted, EventType::kResumed, EventType::kFinished}) {
@@ -234,7 +235,8 @@ TEST_CASE("abort from inside on_event, for every event type") {
                 CAPTURE((int)trigger);
                 CAPTURE(self);
                 StepClock clock;
-                Engine eng(pkv_test::runner(model()), ec, &clock);
+                const auto engine = pkv_test::engine_with(ec, policy, pkv_test::runner(model()), &clock);
+                Engine& eng = *engine;
                 std::vector<StreamEvent> events;
                 int victim = -1;
                 eng.on_event = [&](const StreamEvent& e) {
@@ -337,7 +339,7 @@ TEST_CASE("a failing forward pass fails its own request, not the batch") {
     }
 }
 
-// Proves ForwardBatch::sequence copies one sequence exactly (tokens, positions, slots, its table row, its logits row with seed and output index), and forward_isolating returns, after a failed batch, the very rows the good sequences have in a batch that does not fail.
+// Proves ForwardBatch::sequence copies one sequence exactly (tokens, positions, slots, its table row, its logits row), and forward_isolating returns, after a failed batch, the very rows the good sequences have in a batch that does not fail.
 TEST_CASE("forward_isolating: one sequence alone has its rows of the batch") {
     const int bs = 4;
     ForwardBatch b;
@@ -346,8 +348,6 @@ TEST_CASE("forward_isolating: one sequence alone has its rows of the batch") {
     b.add_sequence(t0, bs, k0.data(), 0, 6, true);
     b.add_sequence(t1, bs, k1.data(), 0, 3, false);  // a prefill chunk: no logits row
     b.add_sequence(t2, bs, k2.data(), 0, 9, true);
-    b.logits_seed = {11, 33};
-    b.logits_output_index = {0, 5};
     const ForwardBatch one = b.sequence(2);
     CHECK(one.num_seqs() == 1);
     CHECK(one.token_ids == k2);
@@ -357,8 +357,6 @@ TEST_CASE("forward_isolating: one sequence alone has its rows of the batch") {
     CHECK(one.max_blocks_per_seq == 3);
     CHECK(one.block_tables == t2);
     CHECK(one.logits_indices == std::vector<int32_t>{8});
-    CHECK(one.logits_seed == std::vector<uint64_t>{33});
-    CHECK(one.logits_output_index == std::vector<int32_t>{5});
     CHECK(b.sequence(1).logits_indices.empty());
     CHECK(b.sequence(1).block_tables == std::vector<int32_t>{2, -1, -1});
     CHECK_THROWS_AS(b.sequence(3), std::out_of_range);
@@ -369,8 +367,8 @@ TEST_CASE("forward_isolating: one sequence alone has its rows of the batch") {
         auto fine = std::make_unique<CpuRunner>(model());
         PoisonRunner poisoned(model(), 39);
         const KVGeometry geo{model().cfg.n_layers, 12, bs, model().cfg.n_kv_heads, model().cfg.head_dim(), KVDtype::kF32};
-        fine->init_kv_cache(geo, 0);
-        poisoned.init_kv_cache(geo, 0);
+        fine->init_kv_cache(geo);
+        poisoned.init_kv_cache(geo);
         std::vector<float> want_logits, got_logits;
         std::vector<int32_t> want_tokens, got_tokens;
         CHECK(forward_isolating(*fine, b, tokens_only, want_logits, want_tokens) == std::vector<std::string>(3));

@@ -991,7 +991,7 @@ TEST_CASE("a resumed request hits its own surviving blocks in the prefix cache")
         CHECK(b->state == RequestState::kPreempted);  // does not fit next to A yet
     }
     CHECK(a->block_table.blocks.back() == b_blocks[2]);
-    CHECK_FALSE(pool.prefix_index().entry(b_blocks[2]).has_hash);  // evicted when A took it
+    CHECK_FALSE(pool.prefix_index().cached(b_blocks[2]));  // evicted when A took it
     simulate_step(s, out);  // A reaches max_tokens and frees its blocks
     REQUIRE(a->finished());
 

@@ -111,7 +111,7 @@ TEST_CASE("streamed tokens equal the in-process engine's: greedy and seeded samp
     text.params.temperature = 0.5f;
     text.params.seed = 42;
     reqs.push_back(text);
-    const study::Setup setup;  // the server's defaults: make run's engine
+    const workload::Setup setup;  // the server's defaults: make run's engine
     const std::vector<std::vector<int32_t>> want = reference(setup, reqs);
 
     // All at once, each on its own connection: they share batches on the
@@ -179,7 +179,7 @@ TEST_CASE("a run that preempts: the client's streams pause and lose nothing") {
     // 12 blocks of 8 tokens for 8 requests growing to 56 tokens each: the
     // scheduler must preempt. A short delay per step makes one step's gap
     // a measurable unit on any machine.
-    study::Setup setup;
+    workload::Setup setup;
     setup.num_blocks = 12;
     setup.block_size = 8;
     setup.max_num_seqs = 8;
@@ -339,7 +339,7 @@ TEST_CASE("bad HTTP input: a clear 4xx with an OpenAI-style error each, and anot
     good.params.temperature = 0.6f;
     good.params.seed = 99;
     good.params.ignore_eos = true;
-    const std::vector<int32_t> want = reference(study::Setup{}, {good})[0];
+    const std::vector<int32_t> want = reference(workload::Setup{}, {good})[0];
     sse::Stream other;
     std::thread other_t([&] { other = sse::post_stream(target(srv), "/v1/completions", body_for(good, true)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -571,7 +571,7 @@ TEST_CASE("curl -N drives a stream, and a chat answer") {
     const std::vector<int> enc = builtin().tok.encode("Once upon a time", true);
     r.prompt.assign(enc.begin(), enc.end());
     r.params.max_tokens = 16;
-    const std::vector<int32_t> want = reference(study::Setup{}, {r})[0];
+    const std::vector<int32_t> want = reference(workload::Setup{}, {r})[0];
     const std::string url = "http://127.0.0.1:" + std::to_string(srv.port());
     const std::string req = R"({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "stream": true, "return_token_ids": true})";
     const std::pair<std::string, int> res = pkv_test::run_command("curl -sN --max-time 30 " + url +
@@ -609,7 +609,7 @@ TEST_CASE("the official openai npm package: a completion, a chat stream, an erro
     const std::vector<int> enc = builtin().tok.encode("Once upon a time", true);
     r.prompt.assign(enc.begin(), enc.end());
     r.params.max_tokens = 12;
-    const std::vector<int32_t> want = reference(study::Setup{}, {r})[0];
+    const std::vector<int32_t> want = reference(workload::Setup{}, {r})[0];
     const std::pair<std::string, int> res = pkv_test::run_command("timeout 60 node tests/openai_client.mjs " + std::to_string(srv.port()) + " " +
                                                                   dir + " 2>&1");
     const std::string out = res.first;

@@ -725,7 +725,7 @@ TEST_CASE("loadgen: wrongly typed chunks, a stream that never ends, a stream wit
 
 TEST_CASE("retained state is bounded: a released request is gone, and latencies are buckets, not samples") {
     // The engine as build/serve configures it: histograms only.
-    pkv::EngineConfig ec = study::engine_config(study::Setup{});
+    pkv::EngineConfig ec = workload::engine_config(workload::Setup{});
     ec.keep_latency_samples = false;
     pkv::Engine eng(pkv::make_model_runner(pkv::Device::kCpu, builtin().model), ec);
     pkv::SamplingParams sp;

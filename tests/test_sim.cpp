@@ -59,8 +59,8 @@ struct Ev {
 
 // How a simulated engine is built and fed (the same recipe as
 // lab/sim_scale.cpp): the engine knobs every program uses
-// (study::EngineKnobs), with a simulated GPU's defaults.
-struct SimSetup : study::EngineKnobs {
+// (workload::EngineKnobs), with a simulated GPU's defaults.
+struct SimSetup : workload::EngineKnobs {
     SimSetup() {
         max_num_seqs = 256;
         max_num_batched_tokens = 8192;
@@ -74,10 +74,11 @@ struct SimSetup : study::EngineKnobs {
 struct SimResult {
     std::vector<Ev> events;
     Metrics metrics;
+    SwapStats swap;                             // the swap policy's counters (lab/swap.hpp)
     std::vector<std::vector<int32_t>> outputs;  // [request] output tokens
     std::vector<FinishReason> reasons;          // [request]
     std::vector<int> prompt_lens;               // [request]
-    std::vector<uint64_t> seeds;                // [request]
+    std::vector<int32_t> prompt_last;           // [request] the prompt's last token
     std::vector<int> max_tokens;                // [request]
     int num_blocks = 0, max_model_len = 0, vocab = 0, steps = 0;
     double sim_seconds = 0;
@@ -124,10 +125,11 @@ SimResult run_sim(const study::Traffic& traffic, const SimSetup& s) {
         r.outputs.emplace_back(q->tokens.begin() + q->num_prompt_tokens, q->tokens.end());
         r.reasons.push_back(q->finish_reason);
         r.prompt_lens.push_back(q->num_prompt_tokens);
-        r.seeds.push_back(q->params.seed);
+        r.prompt_last.push_back(q->tokens[(size_t)q->num_prompt_tokens - 1]);
         r.max_tokens.push_back(q->params.max_tokens);
     }
     r.metrics = eng.metrics();
+    r.swap = pkv_test::swap_stats(eng);
     r.sim_seconds = clock.t;
     // Nothing leaks: every block and every swap slot is free again.
     CHECK(eng.pool().num_free_blocks() == r.num_blocks);
@@ -263,7 +265,7 @@ TEST_CASE("KV pool sizing follows vLLM's rule") {
     const std::unique_ptr<Engine> engine = study::make_sim_engine(sim_config("h200", "llama-3-8b"), SimSetup(), &clock);
     Engine& eng = *engine;
     CHECK(eng.config().num_blocks == blocks);
-    CHECK(eng.block_bytes() == 2097152u);
+    CHECK(eng.geometry().bytes_per_block() == 2097152u);
     CHECK(eng.config().sched.max_model_len == 8192);  // the model's context: the pool holds it many times over
     // A lower utilization gives a smaller pool, by exactly the memory taken away.
     const KVPoolSize half = kv_pool_size(m, g.memory_bytes, 0.5, 16, 8192, 256);
@@ -373,7 +375,7 @@ TEST_CASE("swap cost: per-copy overhead, both directions, background traffic, sw
     CHECK(a.hw.peak_flops == 312e12);
 }
 
-// Proves a simulated run is deterministic to the last event (type, id, time, token, output index), with recompute and with swap preemptions, and that its tokens depend only on (seed, output index): identical between an ample pool and a pressured one.
+// Proves a simulated run is deterministic to the last event (type, id, time, token, output index), with recompute and with swap preemptions, and that its tokens depend only on the sequence (the token before, its position): identical between an ample pool and a pressured one.
 TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
     const study::Traffic t = poisson_chat(120, 60.0, 1024, 768, 5);
     SimSetup ample;
@@ -399,9 +401,9 @@ TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
         CHECK(r1.events.size() > 20000);  // every token of 120 requests, and the preemptions
         CHECK(r1.metrics.num_preemptions_total > 0);
         if (s->policy.preemption == Preemption::kSwap) {
-            CHECK(r1.metrics.num_swap_outs > 0);
-            CHECK(r1.metrics.num_swap_fallbacks > 0);
-            CHECK(r1.metrics.swap_out_bytes > 0);
+            CHECK(r1.swap.num_swap_outs > 0);
+            CHECK(r1.swap.num_swap_fallbacks > 0);
+            CHECK(r1.swap.bytes_out > 0);
         }
         // The same run twice: the very same event stream, times included.
         REQUIRE(r1.events.size() == r2.events.size());
@@ -415,15 +417,16 @@ TEST_CASE("sim runs are deterministic, and preemption does not change tokens") {
         CHECK(r1.outputs == a.outputs);
         CHECK(r1.sim_seconds > a.sim_seconds);
     }
-    // Tokens are SimRunner::sim_token(seed, index), never a special id (0..2),
-    // and every request ran to its max_tokens.
+    // Tokens are SimRunner::sim_token(the token before, its position), never
+    // a special id (0..2), and every request ran to its max_tokens.
     int min_token = a.vocab;
     for (size_t i = 0; i < a.outputs.size(); ++i) {
         CHECK(a.reasons[i] == FinishReason::kMaxTokens);
         for (size_t k = 0; k < a.outputs[i].size(); ++k) {
             min_token = std::min(min_token, (int)a.outputs[i][k]);
-            if (a.outputs[i][k] != SimRunner::sim_token(a.seeds[i], (int)k, a.vocab)) {
-                FAIL_CHECK("request " << i << " output " << k << " is not sim_token(seed, " << k << ")");
+            const int32_t before = k == 0 ? a.prompt_last[i] : a.outputs[i][k - 1];
+            if (a.outputs[i][k] != SimRunner::sim_token(before, a.prompt_lens[i] - 1 + (int)k, a.vocab)) {
+                FAIL_CHECK("request " << i << " output " << k << " is not sim_token(the token before, its position)");
                 break;
             }
         }
@@ -463,7 +466,7 @@ TEST_CASE("production scale: invariants after every step") {
     const SimResult r = run_sim(t, s);
     INFO("production scale: " << r.num_blocks << " blocks, " << n << " requests, " << r.steps << " steps, "
                                  << r.sim_seconds << " simulated s, " << r.metrics.num_preemptions_total << " preemptions ("
-                                 << r.metrics.num_swap_outs << " swapped, " << r.metrics.num_swap_fallbacks << " recomputed), peak KV "
+                                 << r.swap.num_swap_outs << " swapped, " << r.swap.num_swap_fallbacks << " recomputed), peak KV "
                                  << r.metrics.max_kv_cache_usage_perc);
     CHECK(r.num_blocks > 10000);
     CHECK(r.steps > 1000);
@@ -471,12 +474,13 @@ TEST_CASE("production scale: invariants after every step") {
     CHECK(m.num_requests_finished == n);
     CHECK(m.num_requests_rejected + m.num_requests_aborted + m.num_requests_failed == 0);
     CHECK(m.num_preemptions_total > 0);
-    CHECK(m.num_swap_outs > 0);
-    CHECK(m.num_swap_ins == m.num_swap_outs);
-    CHECK(m.swap_in_bytes == m.swap_out_bytes);
-    CHECK(m.num_swap_fallbacks > 0);
+    const SwapStats& sw = r.swap;
+    CHECK(sw.num_swap_outs > 0);
+    CHECK(sw.num_swap_ins == sw.num_swap_outs);
+    CHECK(sw.bytes_in == sw.bytes_out);
+    CHECK(sw.num_swap_fallbacks > 0);
     CHECK(m.recomputed_tokens_total > 0);
-    CHECK(m.num_swap_outs + m.num_swap_fallbacks <= m.num_preemptions_total);
+    CHECK(sw.num_swap_outs + sw.num_swap_fallbacks <= m.num_preemptions_total);
     CHECK(m.prefix_cache_hits > 0);
     CHECK(m.max_kv_cache_usage_perc > 0.9);
     int by_length = 0;
@@ -578,13 +582,11 @@ TEST_CASE("host work: added, overlapped or spread over several steps") {
     SimConfig sc = sim_config("h200", "llama-3-8b");
     sc.host = find_preset(host_profiles(), "vllm", "host profile");
     SimRunner r(sc);
-    r.init_kv_cache(KVGeometry{32, 64, 16, 8, 128, KVDtype::kF16}, 16);
+    r.init_kv_cache(KVGeometry{32, 64, 16, 8, 128, KVDtype::kF16});
     ForwardBatch b;
     for (int i = 0; i < 4; ++i) {
         const int32_t tok = 5;
         b.add_sequence({i}, 16, &tok, 3, 1, true);
-        b.logits_seed.push_back(1);
-        b.logits_output_index.push_back(0);
     }
     std::vector<int32_t> out;
     r.forward_argmax(b, out);

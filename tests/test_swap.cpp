@@ -1,4 +1,4 @@
-// tests/test_swap.cpp -- preemption by swap (SchedulerConfig::preemption = kSwap).
+// tests/test_swap.cpp -- preemption by swap (lab/policies.hpp, Preemption::kSwap; lab/swap.hpp).
 //
 // What we prove: a swapped-out request comes back with its K/V intact
 // (bit-identical tokens to a run that was never preempted), the fallback to
@@ -23,7 +23,7 @@ const Model& swap_model() { return pkv_test::small_engine_model(7); }  // tests/
 struct RunResult {
     std::vector<std::vector<int32_t>> tokens;  // [request] prompt + outputs
     Metrics metrics;
-    LabPolicy::Stats stats;  // the swap policy's counters (zero under recompute)
+    SwapStats stats;  // the swap policy's counters (zero under recompute)
     int max_preemptions = 0;
     // Counted from the event stream, independently of the scheduler's own
     // counters: blocks a swapped victim held when it was preempted
@@ -40,11 +40,10 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
     ec.enable_prefix_caching = prefix_caching;
     ec.sched.max_num_seqs = 8;
     ec.sched.max_num_batched_tokens = 64;
-    pkv_test::use_policy(ec.sched, {.preemption = mode});
-    ec.sched.swap_space_blocks = swap_blocks;
     ec.log_interval_s = 0;
     StepClock clock;
-    Engine eng(pkv_test::runner(swap_model(), device), ec, &clock);
+    const auto engine = pkv_test::engine_with(ec, {.preemption = mode, .swap_space_blocks = swap_blocks}, pkv_test::runner(swap_model(), device), &clock);
+    Engine& eng = *engine;
     long blocks_seen_swapped = 0;
     eng.on_event = [&](const StreamEvent& e) {
         const Request* v = eng.request(e.request_id);
@@ -77,7 +76,7 @@ RunResult run(int num_blocks, Preemption mode, int swap_blocks, bool prefix_cach
         CHECK(eng.request(i)->finish_reason == FinishReason::kMaxTokens);
     }
     r.metrics = eng.metrics();
-    if (const LabPolicy* lab = lab_policy(eng.scheduler())) r.stats = lab->stats();
+    r.stats = pkv_test::swap_stats(eng);
     r.blocks_seen_swapped = blocks_seen_swapped;
     // Nothing leaks: every device block and every swap slot is free again.
     CHECK(eng.pool().num_free_blocks() == num_blocks);
@@ -101,12 +100,12 @@ TEST_CASE("swap reproduces an unpreempted run bit for bit") {
             const RunResult swapped = run(24, Preemption::kSwap, 200, pc, temperature);
             CHECK(swapped.metrics.num_preemptions_total > 0);
             CHECK(swapped.max_preemptions >= 2);
-            CHECK(swapped.metrics.num_swap_outs == swapped.metrics.num_preemptions_total);
-            CHECK(swapped.metrics.num_swap_ins == swapped.metrics.num_swap_outs);
-            CHECK(swapped.metrics.num_swap_fallbacks == 0);
+            CHECK(swapped.stats.num_swap_outs == swapped.metrics.num_preemptions_total);
+            CHECK(swapped.stats.num_swap_ins == swapped.stats.num_swap_outs);
+            CHECK(swapped.stats.num_swap_fallbacks == 0);
             CHECK(swapped.metrics.recomputed_tokens_total == 0);
-            CHECK(swapped.metrics.swap_out_bytes > 0);
-            CHECK(swapped.metrics.swap_in_bytes == swapped.metrics.swap_out_bytes);
+            CHECK(swapped.stats.bytes_out > 0);
+            CHECK(swapped.stats.bytes_in == swapped.stats.bytes_out);
             CHECK(swapped.tokens == ample.tokens);
         }
 }
@@ -117,8 +116,8 @@ TEST_CASE("a full swap space falls back to recompute") {
     const RunResult ample = run(400, Preemption::kRecompute, 0, false, 0.0f);
     const RunResult fb = run(24, Preemption::kSwap, 1, false, 0.0f);
     CHECK(fb.metrics.num_preemptions_total > 0);
-    CHECK(fb.metrics.num_swap_fallbacks == fb.metrics.num_preemptions_total - fb.metrics.num_swap_outs);
-    CHECK(fb.metrics.num_swap_fallbacks > 0);
+    CHECK(fb.stats.num_swap_fallbacks == fb.metrics.num_preemptions_total - fb.stats.num_swap_outs);
+    CHECK(fb.stats.num_swap_fallbacks > 0);
     CHECK(fb.metrics.recomputed_tokens_total > 0);
     CHECK(fb.tokens == ample.tokens);
 }
@@ -127,10 +126,10 @@ TEST_CASE("a full swap space falls back to recompute") {
 TEST_CASE("swap and recompute mix in one run") {
     const RunResult ample = run(400, Preemption::kRecompute, 0, false, 0.8f);
     const RunResult mix = run(24, Preemption::kSwap, 12, false, 0.8f);
-    CHECK(mix.metrics.num_swap_outs > 0);
-    CHECK(mix.metrics.num_swap_fallbacks > 0);
+    CHECK(mix.stats.num_swap_outs > 0);
+    CHECK(mix.stats.num_swap_fallbacks > 0);
     CHECK(mix.metrics.recomputed_tokens_total > 0);
-    CHECK(mix.metrics.num_swap_outs + mix.metrics.num_swap_fallbacks == mix.metrics.num_preemptions_total);
+    CHECK(mix.stats.num_swap_outs + mix.stats.num_swap_fallbacks == mix.metrics.num_preemptions_total);
     CHECK(mix.tokens == ample.tokens);
     // Recompute-only on the same cache recomputes more than the mix.
     const RunResult rec = run(24, Preemption::kRecompute, 0, false, 0.8f);
@@ -145,14 +144,14 @@ TEST_CASE("swap byte accounting is exact") {
     const RunResult r = run(24, Preemption::kSwap, 200, false, 0.0f);
     const Config& c = swap_model().cfg;
     const long block_bytes = 2L * c.n_layers * 4 /*block_size*/ * c.n_kv_heads * c.head_dim() * (long)sizeof(float);
-    REQUIRE(r.metrics.num_swap_outs > 0);  // the workload really swaps
-    REQUIRE(r.blocks_seen_swapped > r.metrics.num_swap_outs);  // and victims held more than one block
-    CHECK(r.metrics.num_swap_fallbacks == 0);
+    REQUIRE(r.stats.num_swap_outs > 0);  // the workload really swaps
+    REQUIRE(r.blocks_seen_swapped > r.stats.num_swap_outs);  // and victims held more than one block
+    CHECK(r.stats.num_swap_fallbacks == 0);
     CHECK(r.stats.blocks_swapped_out == r.blocks_seen_swapped);
-    CHECK(r.metrics.swap_out_bytes == r.blocks_seen_swapped * block_bytes);
+    CHECK(r.stats.bytes_out == r.blocks_seen_swapped * block_bytes);
     // Every swapped victim came back: the same blocks, the same bytes.
-    CHECK(r.metrics.num_swap_ins == r.metrics.num_swap_outs);
-    CHECK(r.metrics.swap_in_bytes == r.metrics.swap_out_bytes);
+    CHECK(r.stats.num_swap_ins == r.stats.num_swap_outs);
+    CHECK(r.stats.bytes_in == r.stats.bytes_out);
 }
 
 // Aborting a swapped-out request gives its swap slots back at once.
@@ -161,11 +160,10 @@ TEST_CASE("abort of a swapped-out request frees its swap slots") {
     ec.num_blocks = 12;
     ec.block_size = 4;
     ec.sched.max_num_seqs = 8;
-    pkv_test::use_policy(ec.sched, {.preemption = Preemption::kSwap});
-    ec.sched.swap_space_blocks = 64;
     ec.log_interval_s = 0;
     StepClock clock;
-    Engine eng(pkv_test::runner(swap_model()), ec, &clock);
+    const auto engine = pkv_test::engine_with(ec, {.preemption = Preemption::kSwap, .swap_space_blocks = 64}, pkv_test::runner(swap_model()), &clock);
+    Engine& eng = *engine;
     const LabPolicy& lab = *lab_policy(eng.scheduler());
     SamplingParams sp;
     sp.max_tokens = 30;
@@ -200,8 +198,8 @@ TEST_CASE("swap on the kernel path matches the CPU") {
     }
     const RunResult cpu = run(10, Preemption::kSwap, 64, false, 0.0f, 4, Device::kCpu, 12);
     const RunResult dev = run(10, Preemption::kSwap, 64, false, 0.0f, 4, kernels, 12);
-    CHECK(cpu.metrics.num_swap_outs > 0);
-    CHECK(dev.metrics.num_swap_outs == cpu.metrics.num_swap_outs);
+    CHECK(cpu.stats.num_swap_outs > 0);
+    CHECK(dev.stats.num_swap_outs == cpu.stats.num_swap_outs);
     CHECK(dev.tokens == cpu.tokens);
 }
 

@@ -350,7 +350,7 @@ std::vector<int32_t> make_prompt_by_reencoding(const pkv::Tokenizer& tok, int le
     return std::vector<int32_t>(ids.begin(), ids.end());
 }
 
-// Proves study::make_prompt (linear) returns exactly the tokens of re-encoding the growing text, for the built-in vocabulary and tok512.bin, at many lengths and seeds, and that a 5000-token prompt takes well under a second.
+// Proves workload::make_prompt (linear) returns exactly the tokens of re-encoding the growing text, for the built-in vocabulary and tok512.bin, at many lengths and seeds, and that a 5000-token prompt takes well under a second.
 TEST_CASE("make_prompt is the re-encoding builder, in linear time") {
     std::vector<std::pair<std::string, pkv::Tokenizer>> toks;
     toks.emplace_back("built-in", pkv::builtin_vocab().tok);
@@ -366,10 +366,10 @@ TEST_CASE("make_prompt is the re-encoding builder, in linear time") {
             for (uint64_t seed : {1ull, 2ull, 1000003ull + 5, 99ull}) {
                 CAPTURE(len);
                 CAPTURE(seed);
-                CHECK(study::make_prompt(tok, len, seed) == make_prompt_by_reencoding(tok, len, seed));
+                CHECK(workload::make_prompt(tok, len, seed) == make_prompt_by_reencoding(tok, len, seed));
             }
         const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<int32_t> big = study::make_prompt(tok, 5000, 7);
+        const std::vector<int32_t> big = workload::make_prompt(tok, 5000, 7);
         CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 0.5);
         CHECK(big.size() == 5000u);
         CHECK(big[0] == pkv::kBosId);

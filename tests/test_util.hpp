@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -33,6 +34,7 @@
 #include "core/block_pool_check.hpp"
 #include "paged_kv.cuh"
 #include "examples/devices.hpp"
+#include "examples/workload.hpp"
 #include "lab/policies.hpp"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
@@ -49,17 +51,54 @@ inline int swap_slots_in_use(const pkv::Scheduler& s) {
     return lab ? lab->swap_space().in_use() : 0;
 }
 
-// A model runner for `m` on `device` (the CPU forward by default): what an
-// Engine is built on.
-inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device = pkv::Device::kCpu) {
-    return pkv::make_model_runner(device, m);
+// An engine of `ec` on `runner` with the lab policy `p` (lab/policies.hpp),
+// a swapping one wired to its copier as the programs wire it
+// (examples/workload.hpp's make_engine).
+inline std::unique_ptr<pkv::Engine> engine_with(const pkv::EngineConfig& ec, const pkv::PolicyConfig& p,
+                                                std::unique_ptr<pkv::ModelRunner> runner, pkv::Clock* clock = nullptr) {
+    return workload::make_engine(ec, p, std::move(runner), clock);
+}
+// The swap counters of an engine's lab policy; zeros under any other.
+inline pkv::SwapStats swap_stats(const pkv::Engine& eng) {
+    const pkv::LabPolicy* lab = pkv::lab_policy(eng.scheduler());
+    return lab ? lab->stats() : pkv::SwapStats{};
+}
+
+// A model runner for `m` on `device` (the CPU forward by default), with the
+// reference's arithmetic unless `math` asks for lab's (examples/devices.hpp):
+// what an Engine is built on.
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device = pkv::Device::kCpu,
+                                                pkv::MathPath math = pkv::MathPath::kReference) {
+    return pkv::make_model_runner(device, m, math);
 }
 // The same, with its KV cache allocated for `geo`, for tests that drive a
 // runner directly.
-inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo, int swap_blocks = 0,
-                                                pkv::AttentionKernel attention = pkv::AttentionKernel::kPartitioned) {
-    auto r = pkv::make_model_runner(device, m, {}, attention);
-    r->init_kv_cache(geo, swap_blocks);
+inline std::unique_ptr<pkv::ModelRunner> runner(const pkv::Model& m, pkv::Device device, const pkv::KVGeometry& geo,
+                                                pkv::MathPath math = pkv::MathPath::kReference) {
+    auto r = pkv::make_model_runner(device, m, math);
+    r->init_kv_cache(geo);
+    return r;
+}
+
+// The kernel path's arithmetic, every way a program can run it: the
+// reference (gemm_simple and the one-pass kernel) and lab's FastGpuMath with
+// each attention kernel. Tests of the kernel runner loop over all three.
+struct KernelMath {
+    const char* name;
+    std::function<std::unique_ptr<pkv::GpuMath>()> make;
+};
+inline const std::vector<KernelMath>& kernel_maths() {
+    static const std::vector<KernelMath> all = {
+        {"reference", [] { return std::make_unique<pkv::GpuMath>(); }},
+        {"fast, partitioned attention", [] { return std::make_unique<pkv::FastGpuMath>(pkv::AttentionKernel::kPartitioned); }},
+        {"fast, baseline attention", [] { return std::make_unique<pkv::FastGpuMath>(pkv::AttentionKernel::kBaseline); }},
+    };
+    return all;
+}
+// A kernel runner (this build's kernel device) with `math`, its cache allocated.
+inline std::unique_ptr<pkv::ModelRunner> kernel_runner(const pkv::Model& m, const pkv::KVGeometry& geo, const KernelMath& math) {
+    auto r = std::make_unique<pkv::GpuRunner>(m, math.make());
+    r->init_kv_cache(geo);
     return r;
 }
 
@@ -243,9 +282,10 @@ inline bool file_exists(const std::string& p) {
 // calls skip(): a MESSAGE now, and a line in the summary tests/main.cpp
 // prints after doctest's own, so a skipped test never reads as a pass. Where
 // a skip would hide a real failure, an environment variable turns it into
-// one: PAGEDKV_REQUIRE_MODELS=1 (CI, which has ../shared/models) and
-// PAGEDKV_REQUIRE_GPU=1 (tests/gpu_check.sh on a GPU machine).
-enum class SkipKind { kModels, kGpu, kProgram };
+// one: PAGEDKV_REQUIRE_MODELS=1 (CI, which has ../shared/models),
+// PAGEDKV_REQUIRE_GPU=1 (tests/gpu_check.sh on a GPU machine) and
+// PAGEDKV_REQUIRE_BROWSER=1 (CI, which installs chromium: tests/get_chromium.sh).
+enum class SkipKind { kModels, kGpu, kProgram, kBrowser };
 struct SkipRecord {
     SkipKind kind;
     std::string test, why;

@@ -8,6 +8,8 @@
 #     shared by workers and the engine thread);
 #   - clients that hang up mid-stream (aborts, worker -> engine thread);
 #   - /metrics scrapes (rendered on the engine thread, posted back);
+#   - a page watching /view/events (the recorder on the engine thread, its
+#     records posted to the I/O thread with the step's tokens);
 #   - a client trickling its request line (answered by the read timeout);
 #   - SIGTERM with streams in flight: they are cut at --shutdown-timeout with
 #     an error event (the I/O thread aborts, then stops the engine thread).
@@ -33,6 +35,9 @@ done
 
 url=http://127.0.0.1:$port
 long='{"prompt": "once upon a time", "max_tokens": 400, "ignore_eos": true, "temperature": 0, "stream": true}'
+# A page watching the engine, for the whole run (stopped by its pid below).
+curl -sN --max-time 120 "$url/view/events" > "$tmp/view.out" 2>/dev/null &
+viewer=$!
 # Streams with preemptions, some shed and retried (loadgen), ...
 "$dir/loadgen" --port "$port" --requests 16 --max-tokens 48 --retries 3 --json > "$tmp/loadgen.out" 2> "$tmp/loadgen.err" &
 lg=$!
@@ -45,6 +50,8 @@ for i in 1 2 3 4 5; do curl -s --max-time 20 "$url/metrics" > "$tmp/metrics.$i" 
 ( exec 3<>"/dev/tcp/127.0.0.1/$port"; for c in G E T ' ' /; do printf %s "$c" >&3; sleep 0.3; done; exec 3>&- ) 2>/dev/null &
 wait $lg
 lg_rc=$?
+kill $viewer 2>/dev/null; wait $viewer 2>/dev/null
+grep -q '^event: step' "$tmp/view.out" || fail "the page on /view/events got no step record"
 wait_curls() { for j in $(jobs -p); do [ "$j" = "$pid" ] || wait "$j"; done; }
 wait_curls
 curl -s --max-time 20 "$url/metrics" > "$tmp/metrics.end"

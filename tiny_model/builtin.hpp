@@ -1,6 +1,6 @@
 // tiny_model/builtin.hpp -- the built-in model's vocabulary, and what the
 // examples load: a llama2.c checkpoint + tokenizer, or the built-in pair
-// (chapter 2).
+// (chapter 7).
 //
 // Everything runs without a file: a model with random weights from a fixed
 // seed (model.hpp's make_random_model) over a vocabulary of words laid out as

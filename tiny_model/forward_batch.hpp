@@ -1,5 +1,5 @@
 // tiny_model/forward_batch.hpp -- the flat batch: what the engine hands a
-// model runner each step (chapter 2).
+// model runner each step (chapter 7).
 //
 // The batch is vLLM V1's shape: no [batch, seq] padding, just a list of tokens.
 // Each token carries its id, its position in its own sequence, the slot its K/V
@@ -41,15 +41,6 @@ struct ForwardBatch {
     std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], rows padded with -1
     int max_blocks_per_seq = 0;
     std::vector<int32_t> logits_indices;  // [num_logits] tokens whose logits are wanted
-    // For a runner that produces tokens itself (ModelRunner::produces_tokens,
-    // the simulated GPU): each logits row's request seed and output index.
-    std::vector<uint64_t> logits_seed;         // [num_logits]
-    std::vector<int32_t> logits_output_index;  // [num_logits]
-
-    // False for a runner that never reads block tables (the simulated GPU,
-    // ModelRunner::needs_block_tables): rows are then not stored, which saves
-    // copying batch x table-length ids every step of a large simulation.
-    bool with_tables = true;
 
     int num_tokens() const { return (int)token_ids.size(); }
     int num_seqs() const { return num_seqs_; }
@@ -58,7 +49,7 @@ struct ForwardBatch {
     // sequences whose tables are at most `width` blocks long. Rows then never
     // need widening (repad), which matters for batches of hundreds.
     void reserve(int seqs, int width) {
-        if (!with_tables || num_seqs_ > 0) return;
+        if (num_seqs_ > 0) return;
         max_blocks_per_seq = std::max(max_blocks_per_seq, width);
         block_tables.reserve((size_t)seqs * max_blocks_per_seq);
     }
@@ -73,11 +64,9 @@ struct ForwardBatch {
         if (blocks_for_tokens((int64_t)first_pos + n, block_size) > (int64_t)table.size())
             throw std::logic_error("add_sequence: block table too short for its tokens");
         const int seq = num_seqs_++;
-        if (with_tables) {
-            if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
-            block_tables.resize(block_tables.size() + max_blocks_per_seq, -1);
-            std::copy(table.begin(), table.end(), block_tables.end() - max_blocks_per_seq);
-        }
+        if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
+        block_tables.insert(block_tables.end(), table.begin(), table.end());
+        block_tables.insert(block_tables.end(), (size_t)max_blocks_per_seq - table.size(), -1);
         for (int i = 0; i < n; ++i) {
             token_ids.push_back(tokens[i]);
             positions.push_back(first_pos + i);
@@ -93,13 +82,10 @@ struct ForwardBatch {
     ForwardBatch sequence(int s) const {
         if (s < 0 || s >= num_seqs_) throw std::out_of_range("ForwardBatch::sequence: no sequence " + std::to_string(s));
         ForwardBatch one;
-        one.with_tables = with_tables;
         one.num_seqs_ = 1;
-        if (with_tables) {
-            one.max_blocks_per_seq = max_blocks_per_seq;
-            one.block_tables.assign(block_tables.begin() + (ptrdiff_t)s * max_blocks_per_seq,
-                                    block_tables.begin() + (ptrdiff_t)(s + 1) * max_blocks_per_seq);
-        }
+        one.max_blocks_per_seq = max_blocks_per_seq;
+        one.block_tables.assign(block_tables.begin() + (ptrdiff_t)s * max_blocks_per_seq,
+                                block_tables.begin() + (ptrdiff_t)(s + 1) * max_blocks_per_seq);
         for (int t = 0; t < num_tokens(); ++t) {
             if (token_seq[t] != s) continue;
             one.token_ids.push_back(token_ids[t]);
@@ -107,12 +93,8 @@ struct ForwardBatch {
             one.slot_mapping.push_back(slot_mapping[t]);
             one.token_seq.push_back(0);
         }
-        for (size_t i = 0; i < logits_indices.size(); ++i) {
-            if (token_seq[logits_indices[i]] != s) continue;
-            one.logits_indices.push_back(one.num_tokens() - 1);  // a sequence's logits row is its last token's
-            if (i < logits_seed.size()) one.logits_seed.push_back(logits_seed[i]);
-            if (i < logits_output_index.size()) one.logits_output_index.push_back(logits_output_index[i]);
-        }
+        for (int32_t l : logits_indices)
+            if (token_seq[l] == s) one.logits_indices.push_back(one.num_tokens() - 1);  // a sequence's logits row is its last token's
         return one;
     }
 

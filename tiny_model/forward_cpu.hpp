@@ -1,4 +1,4 @@
-// tiny_model/forward_cpu.hpp -- chapter 2: the transformer's forward pass on
+// tiny_model/forward_cpu.hpp -- chapter 7: the transformer's forward pass on
 // the CPU, over a flat batch (forward_batch.hpp), reading and writing the KV
 // cache only through block tables.
 //
@@ -8,7 +8,7 @@
 //
 // It reads like llama2.c's run.c forward(), because run.c is our oracle:
 // build/generate prints its stories260K story byte for byte (TUTORIAL.md
-// chapter 2). dot, matmul, rmsnorm, RoPE, paged attention (the reference one,
+// chapter 7). dot, matmul, rmsnorm, RoPE, paged attention (the reference one,
 // paged_kv.cuh), SwiGLU, one loop over the layers. No intrinsics, no threads.
 //
 // Speed lives elsewhere, behind one seam (section 2, CpuMath). The three

@@ -2,7 +2,7 @@
 // CUDA kernels (TUTORIAL.md chapter 8).
 //
 // Under nvcc these kernels run on the GPU; under g++ they run emulated on the
-// CPU (core/cuda_shim.hpp), so every line here is exercised by `make test` on
+// CPU (core/emu/cuda_shim.hpp), so every line here is exercised by `make test` on
 // a laptop. The forward pass is forward_cpu.hpp's, step for step; only the
 // loops became kernel launches:
 //
@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_shim.hpp"
+#include "core/emu/cuda_shim.hpp"
 #include "paged_kv.cuh"
 #include "tiny_model/forward_cpu.hpp"
 #include "tiny_model/model.hpp"
@@ -287,7 +287,7 @@ class GpuRunner : public ModelRunner {
 public:
     // `math` picks the GEMM and attention kernels every step uses: the
     // straightforward ones when none is given (what the gdb walk and exercise
-    // 9 follow), or a faster set (lab/fast_gpu.cuh). One choice for the
+    // 10 follow), or a faster set (lab/fast_gpu.cuh). One choice for the
     // runner's whole life: a choice per batch would make a token's bits
     // depend on its batch.
     explicit GpuRunner(const Model& m, std::unique_ptr<GpuMath> math = nullptr)
@@ -306,13 +306,12 @@ public:
         if (!c.shared_classifier) wcls_.upload(w.wcls);
     }
     const Config& model_config() const override { return model_.cfg; }
-    Device device() const override { return std::string(kDeviceKind) == "cuda" ? Device::kCuda : Device::kEmulated; }
-    bool kv_in_host_memory() const override { return std::string(kDeviceKind) != "cuda"; }
+    std::string device_name() const override { return kDeviceKind; }
     uint64_t memory_for_kv_cache() const override {
         const uint64_t free_bytes = device_memory_free();  // 0 when emulated: device memory is host memory
         return free_bytes ? free_bytes : host_memory_bytes();
     }
-    void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
+    void init_kv_cache(const KVGeometry& geo) override {
         geo_ = geo;
         const size_t cache_bytes = (size_t)geo.num_layers * KVCache::layer_bytes(geo);
         k_cache_ = DeviceBuffer<std::byte>(cache_bytes);  // [num_layers, layer_bytes]: KVCache's layout, in device memory
@@ -322,8 +321,9 @@ public:
         const size_t scales = (size_t)geo.num_layers * geo.num_blocks * geo.scales_per_block();
         k_scale_ = DeviceBuffer<float>(scales);  // [num_layers, num_blocks, block_size, n_kv_heads], int8 only
         v_scale_ = DeviceBuffer<float>(scales);
-        swap_ = std::make_unique<PinnedHostBuffer>((size_t)swap_blocks * geo.bytes_per_block());
     }
+    // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
+    KVView kv_view(int layer, int kv) override { return view(layer, kv); }
 
     void forward(const ForwardBatch& b, std::vector<float>& logits) override {
         run(b);
@@ -340,23 +340,7 @@ public:
         argmax_.download(tokens.data(), rows);
     }
 
-    // One cudaMemcpyAsync per (block, layer, K or V) to or from pinned host
-    // memory, all queued on the default stream, then one wait: the copies
-    // stream back to back on the copy engine, and the forward pass that
-    // follows cannot start before they are done. (Overlapping the copies with
-    // compute would need a second stream and an event.)
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, true); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { swap(pairs, false); }
-
 private:
-    void swap(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < geo_.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(geo_, view(l, kv), block, swap_->data() + swap_slot_offset(geo_, slot, l, kv), out, copy_async);
-        device_synchronize();
-    }
-    // Layer `layer`'s K (kv = 0) or V (kv = 1) in device memory.
     KVView view(int layer, int kv) const {
         std::byte* data = (kv ? v_cache_.data() : k_cache_.data()) + (size_t)layer * KVCache::layer_bytes(geo_);
         float* sc = geo_.scales_per_block() ? (kv ? v_scale_.data() : k_scale_.data()) + (size_t)layer * geo_.num_blocks * geo_.scales_per_block()
@@ -403,7 +387,7 @@ private:
             math_->gemm(v_.data(), xb_.data(), wv_.data() + (size_t)l * KV * D, T, D, KV);
             launch(rope_kernel<>, dim3(T), dim3(128), 0, q_.data(), k_.data(), rope_cs_.data(), D, KV, hd);
             // The only write to the KV cache, then the only read: exactly the
-            // pair of kernels vLLM has (reshape_and_cache, paged_attention).
+            // pair of vLLM's legacy kernels (reshape_and_cache, paged_attention).
             // Both go through block tables and slot_mapping, never through a
             // contiguous per-sequence buffer.
             reshape_and_cache(k_.data(), v_.data(), kc, vc, slots_.data(), T);
@@ -438,7 +422,6 @@ private:
     DeviceBuffer<float> rope_cs_;
     // Activations: x, xb, q, att [T, dim]; k, v [T, kv_dim]; hb, hb2 [T, hidden]; xl [NL, dim]; logits [NL, vocab].
     DeviceBuffer<float> x_, xb_, q_, k_, v_, att_, hb_, hb2_, xl_, logits_;
-    std::unique_ptr<PinnedHostBuffer> swap_;  // host swap space [swap_blocks, bytes_per_block], pinned
 };
 
 }  // namespace pkv

@@ -1,4 +1,4 @@
-// tiny_model/model.hpp -- chapter 2: the model's shape and weights: a built-in random model,
+// tiny_model/model.hpp -- chapter 7: the model's shape and weights: a built-in random model,
 // and llama2.c legacy checkpoints (load and save).
 //
 // The architecture is Llama as llama2.c's run.c computes it; the forward pass is

@@ -1,40 +1,35 @@
-// tiny_model/runner.hpp -- chapter 2: where the model runs, the ModelRunner
+// tiny_model/runner.hpp -- chapter 7: where the model runs, the ModelRunner
 // interface the engine talks to, and the CPU runner.
 //
 // The engine (engine.hpp) never touches weights or KV memory. It owns one
-// ModelRunner, hands it a flat batch each step and gets logits back; when the
-// scheduler swaps a victim out, it tells the runner which blocks to copy
-// where. Everything above this interface (scheduler, block pool, metrics) is
-// the same whatever runs the model; everything below it owns the weights and
-// the KV cache bytes. The block *ids* live in the scheduler; the block
-// *contents* live here. That split is what lets swap work: the scheduler
-// decides which block goes to which host slot, the runner moves the bytes.
+// ModelRunner, hands it a flat batch each step and gets logits back.
+// Everything above this interface (scheduler, block pool, metrics) is the
+// same whatever runs the model; everything below it owns the weights and the
+// KV cache bytes. The block *ids* live in the scheduler; the block *contents*
+// live here.
 //
-// Runners, and where each lives:
-//   CpuRunner  this file: the CPU forward pass (forward_cpu.hpp), host memory;
-//   GpuRunner  tiny_model/forward_gpu.cuh: the CUDA kernels, on a GPU in a
-//              `make cuda` build and emulated on the CPU otherwise;
-//   SimRunner  lab/sim_runner.hpp: no weights, no logits; a GPU's step time from
-//              a cost model (cost_model.hpp), and tokens from a hash.
-// examples/devices.hpp turns a --device name into one of them.
+// The seam: a runner is anything that implements ModelRunner. The reference
+// has two, CpuRunner (this file: the CPU forward pass, forward_cpu.hpp, in
+// host memory) and GpuRunner (tiny_model/forward_gpu.cuh: the CUDA kernels,
+// on a GPU in a `make cuda` build and emulated on the CPU otherwise);
+// lab/LAB.md chapter L6 plugs a third in here. examples/devices.hpp turns a
+// --device name into one of them.
 //
 // A runner's life has vLLM's three steps: build it with the model's weights;
 // the engine sizes the KV cache (from its config and what memory_for_kv_cache()
 // says is available) and calls init_kv_cache() once; then forward() every step.
 //
-// Sections: 1. devices and the machine's memory  2. the interface, a step's
-// forward pass with failures isolated (forward_isolating), and sizing the KV
-// cache (size_kv_cache)  3. the swap slot layout  4. CpuRunner.
+// Sections: 1. the machine's memory  2. the interface, a step's forward pass
+// with failures isolated (forward_isolating), and sizing the KV cache
+// (size_kv_cache)  3. CpuRunner.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -47,29 +42,8 @@
 namespace pkv {
 
 // ============================================================================
-// 1. Devices, and how much memory the machine has
+// 1. How much memory the machine has
 // ============================================================================
-
-// Where a model runs. One enum for all runners, so examples and the engine
-// parse a single --device option; which of them a binary can run depends on
-// how it was compiled (see examples/devices.hpp).
-enum class Device { kCpu, kEmulated, kCuda, kSim };
-
-inline const char* to_string(Device d) {
-    switch (d) {
-        case Device::kCpu: return "cpu";
-        case Device::kEmulated: return "emulated";
-        case Device::kCuda: return "cuda";
-        case Device::kSim: return "sim";
-    }
-    return "?";
-}
-// "cpu" | "emulated" | "cuda" | "sim" -> Device; anything else is an invalid_argument.
-inline Device parse_device(const std::string& s) {
-    for (Device d : {Device::kCpu, Device::kEmulated, Device::kCuda, Device::kSim})
-        if (s == to_string(d)) return d;
-    throw std::invalid_argument("--device expects cpu, emulated, cuda or sim, got '" + s + "'");
-}
 
 // The host memory this process may use, in bytes: the machine's physical
 // memory, or a container's limit when one is set (cgroup v2's memory.max, or
@@ -124,45 +98,28 @@ struct ModelRunner {
     // The model's shape: what the engine needs to size the KV cache (layers,
     // kv heads, head_dim), to bound sequences (seq_len) and to sample (vocab).
     virtual const Config& model_config() const = 0;
-    virtual Device device() const = 0;
+    // Where it runs, for messages: "cpu", "emulated" or "cuda".
+    virtual std::string device_name() const = 0;
     // Bytes this runner could give the KV cache (host memory for the CPU,
-    // free device memory for a GPU), and the host swap space. The engine
-    // checks its configuration against them before calling init_kv_cache.
+    // free device memory for a GPU). The engine checks its configuration
+    // against it before calling init_kv_cache.
     virtual uint64_t memory_for_kv_cache() const { return host_memory_bytes(); }
-    virtual uint64_t memory_for_swap() const { return host_memory_bytes(); }
-    // True when the KV cache lives in host memory, next to the swap space
-    // (the CPU, emulated kernels): then both count against one budget.
-    virtual bool kv_in_host_memory() const { return true; }
-    // True for a runner that returns tokens, not logits (the simulated GPU):
-    // the engine then always calls forward_argmax and takes its answers as
-    // the sampled tokens. It fills ForwardBatch::logits_seed and
-    // logits_output_index for such a runner.
-    virtual bool produces_tokens() const { return false; }
-    // False for a runner that never reads the batch's block tables.
-    virtual bool needs_block_tables() const { return true; }
-    // The modelled duration, in seconds, of everything since the last call
-    // (swaps and forward passes), for a runner whose time is modelled; < 0
-    // for a real one. The engine advances its clock by it (Clock::advance).
-    virtual double take_modelled_seconds() { return -1.0; }
-    // Refuse a configuration that cannot fit, before anything is allocated:
-    // num_blocks blocks of block_bytes for the KV cache, and swap_blocks
-    // more in host memory. The user then reads "needs 8.40 GiB, the cpu
-    // runner can give 2.00 GiB" instead of a bad_alloc or the OOM killer.
-    void check_memory(int num_blocks, uint64_t block_bytes, int swap_blocks) const {
-        const uint64_t kv = mul_sat((uint64_t)num_blocks, block_bytes), swap = mul_sat((uint64_t)swap_blocks, block_bytes);
-        const uint64_t have_kv = memory_for_kv_cache(), have_host = memory_for_swap();
-        const uint64_t need_host = add_sat(swap, kv_in_host_memory() ? kv : 0);
-        if (kv <= have_kv && need_host <= have_host) return;
-        throw std::invalid_argument(
-            "this configuration needs " + format_bytes(kv) + " of KV cache (" + std::to_string(num_blocks) + " blocks of " +
-            format_bytes(block_bytes) + ")" + (swap ? " + " + format_bytes(swap) + " of host swap space" : std::string()) + ", but " +
-            (kv > have_kv ? "the " + std::string(to_string(device())) + " runner can give the KV cache " + format_bytes(have_kv)
-                          : "this machine has " + format_bytes(have_host) + " of host memory") +
-            ": lower the number of blocks, the block size or the swap space");
+    // Refuse a KV cache that cannot fit, before anything is allocated:
+    // num_blocks blocks of block_bytes. The user then reads "needs 8.40 GiB,
+    // the cpu runner can give 2.00 GiB" instead of a bad_alloc or the OOM killer.
+    void check_memory(int num_blocks, uint64_t block_bytes) const {
+        const uint64_t kv = mul_sat((uint64_t)num_blocks, block_bytes), have = memory_for_kv_cache();
+        if (kv <= have) return;
+        throw std::invalid_argument("this configuration needs " + format_bytes(kv) + " of KV cache (" + std::to_string(num_blocks) +
+                                    " blocks of " + format_bytes(block_bytes) + "), but the " + device_name() +
+                                    " runner can give the KV cache " + format_bytes(have) + ": lower the number of blocks or the block size");
     }
-    // Allocate the KV cache for `geo` and a host swap space of `swap_blocks`
-    // blocks (0 = none). Called once, before the first forward.
-    virtual void init_kv_cache(const KVGeometry& geo, int swap_blocks) = 0;
+    // Allocate the KV cache for `geo`. Called once, before the first forward.
+    virtual void init_kv_cache(const KVGeometry& geo) = 0;
+    // One layer's K (kv = 0) or V (kv = 1) of the cache, in the runner's own
+    // memory (device memory on a GPU): for code that reads or copies whole
+    // blocks, such as the tests and lab's swap (lab/swap.hpp).
+    virtual KVView kv_view(int layer, int kv) = 0;
 
     // Fills logits [num_logits, vocab_size] for the batch's logits_indices.
     virtual void forward(const ForwardBatch& b, std::vector<float>& logits) = 0;
@@ -174,20 +131,6 @@ struct ModelRunner {
         const int V = model_config().vocab_size;
         tokens.resize(b.logits_indices.size());
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = argmax(argmax_scratch_.data() + i * V, V);
-    }
-
-    // Preemption by swap: copy whole blocks (every layer, K and V, data and
-    // int8 scales) between the KV cache and the host swap space, given as
-    // (device block, host slot) pairs. Section 3 gives a slot's layout.
-    virtual void swap_out(const std::vector<std::pair<int32_t, int32_t>>& block_to_slot) = 0;
-    virtual void swap_in(const std::vector<std::pair<int32_t, int32_t>>& block_from_slot) = 0;
-    // One step's copies, as a swapping policy asked for them, out before in:
-    // a block a victim gave up is copied out before anything is copied into
-    // it. (lab/policies.hpp never does both in one step; the order makes it
-    // safe for a policy that does.)
-    void apply_swaps(const std::vector<std::pair<int32_t, int32_t>>& out, const std::vector<std::pair<int32_t, int32_t>>& in) {
-        if (!out.empty()) swap_out(out);
-        if (!in.empty()) swap_in(in);
     }
 
 private:
@@ -238,22 +181,21 @@ inline std::vector<std::string> forward_isolating(ModelRunner& runner, const For
 // memory left after profiling into blocks; we take a block count, or a byte
 // budget (kv_cache_bytes > 0: f16 then gets twice the blocks of f32), and
 // check it against what the runner can give. vLLM defaults max_model_len to
-// the model's context and refuses to start when the cache cannot hold one
-// such sequence; we cap it to the pool instead (the startup line says so),
-// so a demo with a tiny pool still starts. An explicit max_model_len is
-// never changed, only checked against the model's context.
+// the model's context and, unless told to fit it, refuses to start when the
+// cache cannot hold one such sequence; we cap it to the pool instead (the
+// startup line says so), so a demo with a tiny pool still starts. An
+// explicit max_model_len is never changed, only checked against the model's
+// context.
 struct KVCacheSpec {
     int num_blocks, block_size;
     KVDtype dtype;
     uint64_t kv_cache_bytes;  // > 0: derive num_blocks from it
-    int swap_space_blocks;
     int max_model_len;        // 0: derive
 };
 inline KVCacheSpec size_kv_cache(const ModelRunner& runner, KVCacheSpec c) {
     const Config& m = runner.model_config();
     if (c.block_size < 1 || c.block_size > kMaxBlockSize)
         throw std::invalid_argument("block_size must be in 1.." + std::to_string(kMaxBlockSize) + ", got " + std::to_string(c.block_size));
-    if (c.swap_space_blocks < 0) throw std::invalid_argument("swap_space_blocks must be >= 0");
     const uint64_t block_bytes = KVGeometry{m.n_layers, 1, c.block_size, m.n_kv_heads, m.head_dim(), c.dtype}.bytes_per_block();
     if (c.kv_cache_bytes > 0) {
         const uint64_t n = c.kv_cache_bytes / block_bytes;
@@ -263,7 +205,7 @@ inline KVCacheSpec size_kv_cache(const ModelRunner& runner, KVCacheSpec c) {
         c.num_blocks = (int)n;
     }
     if (c.num_blocks < 1) throw std::invalid_argument("num_blocks must be >= 1");
-    runner.check_memory(c.num_blocks, block_bytes, c.swap_space_blocks);
+    runner.check_memory(c.num_blocks, block_bytes);
     const int64_t pool_tokens = (int64_t)c.num_blocks * c.block_size;
     if (c.max_model_len == 0) c.max_model_len = (int)std::min<int64_t>(m.seq_len, pool_tokens);
     else if (c.max_model_len > m.seq_len)  // untrained positions: the forward pass rejects them
@@ -273,72 +215,28 @@ inline KVCacheSpec size_kv_cache(const ModelRunner& runner, KVCacheSpec c) {
 }
 
 // ============================================================================
-// 3. The host swap space: one slot per swapped-out block
+// 3. CpuRunner: the CPU forward pass, with its KV cache in host memory
 // ============================================================================
 //
-// A slot holds everything one block holds, geo.bytes_per_block() bytes:
-//   [num_layers, 2 (K then V), data_bytes_per_block + scales_per_block * 4]
-// Both runners use this layout, so a swap test can compare their slots.
-
-// Byte offset of layer l's K (kv = 0) or V (kv = 1) part inside host swap slot `slot`.
-inline size_t swap_slot_offset(const KVGeometry& g, int32_t slot, int layer, int kv) {
-    const size_t part = g.data_bytes_per_block() + g.scales_per_block() * sizeof(float);
-    return (((size_t)slot * g.num_layers + layer) * 2 + kv) * part;
-}
-
-// Copy block `block` of one layer's K or V (`view`) to or from `host` (a swap
-// slot part): data bytes, then the int8 scales. `copy` is memcpy-like:
-// (dst, src, bytes), host->device or device->host as the caller needs.
-template <class Copy>
-inline void copy_block_part(const KVGeometry& g, const KVView& view, int32_t block, unsigned char* host, bool out, Copy copy) {
-    unsigned char* data = static_cast<unsigned char*>(view.data) + (size_t)block * g.data_bytes_per_block();
-    if (out) copy(host, data, g.data_bytes_per_block()); else copy(data, host, g.data_bytes_per_block());
-    if (g.scales_per_block() == 0) return;
-    unsigned char* sc = reinterpret_cast<unsigned char*>(view.scale + (size_t)block * g.scales_per_block());
-    unsigned char* hs = host + g.data_bytes_per_block();
-    const size_t n = g.scales_per_block() * sizeof(float);
-    if (out) copy(hs, sc, n); else copy(sc, hs, n);
-}
-
-// ============================================================================
-// 4. CpuRunner: the CPU forward pass, with its KV cache in host memory
-// ============================================================================
-//
-// Its "swap" is a memcpy between the cache and a host array: the same
-// bookkeeping as on a GPU, without the PCIe link that makes swapping
-// expensive there.
 // The arithmetic comes from a CpuMath (forward_cpu.hpp section 2): the plain
 // loops when none is given, or a faster one such as lab/fast_cpu.hpp's
-// FastCpuMath, which examples/devices.hpp passes. Same bits either way.
+// FastCpuMath, which examples/devices.hpp passes with --math fast. Same bits
+// either way.
 class CpuRunner : public ModelRunner {
 public:
     explicit CpuRunner(const Model& m, std::unique_ptr<CpuMath> math = nullptr)
         : model_(m), math_(math ? std::move(math) : std::make_unique<CpuMath>()), fwd_(m, cache_, *math_) {}
     const Config& model_config() const override { return model_.cfg; }
-    Device device() const override { return Device::kCpu; }
-    void init_kv_cache(const KVGeometry& geo, int swap_blocks) override {
-        cache_ = KVCache(geo);  // fwd_ refers to cache_, which stays the same object
-        swap_.assign((size_t)swap_blocks * geo.bytes_per_block(), 0);
-    }
+    std::string device_name() const override { return "cpu"; }
+    void init_kv_cache(const KVGeometry& geo) override { cache_ = KVCache(geo); }  // fwd_ refers to cache_, which stays the same object
+    KVView kv_view(int layer, int kv) override { return kv ? cache_.v_view(layer) : cache_.k_view(layer); }
     void forward(const ForwardBatch& b, std::vector<float>& logits) override { fwd_.forward(b, logits); }
-    void swap_out(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, true); }
-    void swap_in(const std::vector<std::pair<int32_t, int32_t>>& pairs) override { copy(pairs, false); }
 
 private:
-    void copy(const std::vector<std::pair<int32_t, int32_t>>& pairs, bool out) {
-        const KVGeometry& g = cache_.geo;
-        auto memcpy_ = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
-        for (const auto& [block, slot] : pairs)
-            for (int l = 0; l < g.num_layers; ++l)
-                for (int kv = 0; kv < 2; ++kv)
-                    copy_block_part(g, kv ? cache_.v_view(l) : cache_.k_view(l), block, swap_.data() + swap_slot_offset(g, slot, l, kv),
-                                    out, memcpy_);
-    }
     const Model& model_;
     KVCache cache_;
-    std::unique_ptr<CpuMath> math_;    // declared before fwd_, which refers to it
-    CpuForward fwd_;                   // reads and writes cache_
-    std::vector<unsigned char> swap_;  // [swap_blocks, bytes_per_block]
+    std::unique_ptr<CpuMath> math_;  // declared before fwd_, which refers to it
+    CpuForward fwd_;                 // reads and writes cache_
 };
 
 }  // namespace pkv

@@ -1,4 +1,4 @@
-// tiny_model/sampler.hpp -- chapter 2: from logits to one token: greedy,
+// tiny_model/sampler.hpp -- chapter 7: from logits to one token: greedy,
 // temperature, top-p (nucleus), as llama2.c's run.c does it.
 //
 // The one random number a sample needs (the "coin", uniform in [0,1)) is passed
@@ -191,7 +191,7 @@ inline float runc_random_f32(uint64_t& state) {
 // prompts give identical outputs (the forward pass is batch-invariant, so
 // their neighbours in the batch do not matter).
 inline float coin_for(uint64_t seed, int output_index) {
-    // ---- exercise 11 begin: a coin that survives preemption ----
+    // ---- exercise 8 begin: a coin that survives preemption ----
     // A pure function: no state, no global generator. The engine's coin is
     // this exact mix (seeded outputs depend on its bits): s = seed times
     // 0x9e3779b97f4a7c15 plus the index (64 bits, wrapping); splitmix64's
@@ -205,7 +205,7 @@ inline float coin_for(uint64_t seed, int output_index) {
     z *= 0x94d049bb133111ebull;
     z ^= z >> 31;
     return (float)(z >> 40) * (1.0f / 16777216.0f);
-    // ---- exercise 11 end ----
+    // ---- exercise 8 end ----
 }
 
 // A request's output_index-th token from its logits row (modified in place),

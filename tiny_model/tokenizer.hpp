@@ -1,4 +1,4 @@
-// tiny_model/tokenizer.hpp -- chapter 2: llama2.c's BPE tokenizer
+// tiny_model/tokenizer.hpp -- chapter 7: llama2.c's BPE tokenizer
 // (tokenizer.bin). The built-in model's vocabulary is tiny_model/builtin.hpp's.
 //
 // Encoding and decoding follow llama2.c's run.c step for step, because

@@ -29,9 +29,10 @@
 //   kit selftest  proves the kit on the reference itself (CI runs it).
 //
 // ---- how grading keeps one exercise from failing another ----------------------
-// Exercise 9's kernel is tested through slot_of() (exercise 1), and exercise 5's
-// scheduler through the block pool (exercises 2-4). Grading a student's copy as
-// it stands would report a missing exercise 1 as eleven failures. So when the
+// Exercise 10's kernel is tested through slot_of() (exercise 1), and exercise
+// 5's scheduler through the block pool (exercises 2 and 3). Grading a student's
+// copy as it stands would report a missing exercise 1 as a failure of every
+// exercise that reaches it. So when the
 // reference is at hand (--reference, PAGEDKV_REFERENCE, or the folder the kit
 // runs in, when that is the reference), each exercise N is graded in a tree
 // of its own: the reference's sources with only exercise N's regions taken
@@ -46,7 +47,9 @@
 //   1. Only the regions come from the copy. The checks, their doctest main,
 //      doctest itself, every other line of the engine, the compiler flags and
 //      this grader are the reference's; a copy without a valid .kit is refused
-//      rather than graded as if it were a reference.
+//      rather than graded as if it were a reference, and so is a folder
+//      without .kit that is not the reference (no tests/exercises/wrong/,
+//      or stubs where the regions' code should be: a copy that lost it).
 //   2. Each region is scanned before it is compiled (section 3): no
 //      preprocessor line, no way out of its function's braces, no call that
 //      ends the process, starts one, touches a file or a descriptor, or
@@ -557,6 +560,18 @@ struct Exercise {
     std::vector<std::pair<std::string, int>> places;  // (file, line) of each region
 };
 
+// A lab exercise is titled "lab LN: ...": it is lab/ code, taught in
+// lab/LAB.md chapter LN, not the reference's (COURSE.md). "LN" for one, ""
+// for a core exercise. Core exercises come first, and their checks use no
+// lab/ code (`kit selftest` checks both).
+std::string lab_chapter(const std::string& title) {
+    if (title.rfind("lab L", 0) != 0) return "";
+    size_t i = 5;
+    while (i < title.size() && std::isdigit((unsigned char)title[i])) ++i;
+    if (i == 5 || title.compare(i, 2, ": ") != 0) return "";
+    return title.substr(4, i - 4);
+}
+
 // Every exercise of the tree at `root`, by number.
 std::map<int, Exercise> scan_exercises(const fs::path& root, const std::vector<std::string>& files) {
     std::map<int, Exercise> ex;
@@ -619,6 +634,21 @@ std::string cut_text(const std::string& text, const std::string& file, const std
         pos = r.body_end;
     }
     return out + text.substr(pos);
+}
+
+// The exercises of the tree at `root` with a region that is a stub exactly as
+// `kit cut` writes it (its hint, then the statement that fails loudly): what
+// a student copy has and the reference never does.
+std::set<int> stubbed_exercises(const fs::path& root, const std::vector<std::string>& files) {
+    std::set<int> stubbed;
+    for (const std::string& f : files) {
+        if (!may_carry_regions(f)) continue;
+        const std::string text = read_file(root / f);
+        if (text.find(kMarker) == std::string::npos) continue;
+        for (const Region& r : find_regions(text, f))
+            if (text.compare(r.body_begin, r.body_end - r.body_begin, stub_body(text, r, f)) == 0) stubbed.insert(r.number);
+    }
+    return stubbed;
 }
 
 // `ref` with exercise n's regions taken from `student` (the same file in the
@@ -956,6 +986,7 @@ struct Question {
     std::vector<std::string> args;            // what the student types after ./build/PROGRAM
     std::function<double(const Json&)> pick;  // the answer, from the --json output
     double rel_tolerance = 0;                 // 0: exactly
+    std::string lab;                          // a lab question: the lab/LAB.md chapters it draws on ("" = core)
     std::string command() const {
         std::string c = "./build/" + program;
         for (const std::string& a : args) c += " " + a;
@@ -970,14 +1001,15 @@ std::vector<Question> questions() {
                  "8 requests at once. How many tokens does the engine compute again because a preempted\n"
                  "request lost its KV cache (vLLM's recomputed tokens)?",
                  "overload", {"--max-num-seqs", "8"},
-                 [](const Json& j) { return j["metrics"]["recomputed_tokens_total"].as_number(); }, 0});
+                 [](const Json& j) { return j["metrics"]["recomputed_tokens_total"].as_number(); }, 0, ""});
     q.push_back({"q2",
                  "The same workload with the default max_num_seqs and prefix caching on. How many prompt and\n"
                  "recomputed tokens are served from the prefix cache instead of being computed (prefix cache hits)?",
                  "overload", {"--prefix-caching", "on"},
-                 [](const Json& j) { return j["metrics"]["prefix_cache_hits"].as_number(); }, 0});
+                 [](const Json& j) { return j["metrics"]["prefix_cache_hits"].as_number(); }, 0, ""});
     q.push_back({"q3",
-                 "On a simulated L4 whose host link is cut to 2 GB/s, the preemption study's part two brings one\n"
+                 "A lab question (lab/LAB.md chapters L5 and L6: the studies and the simulated GPU). On a\n"
+                 "simulated L4 whose host link is cut to 2 GB/s, the preemption study's part two brings one\n"
                  "victim of each length back with recompute and with swap. From which length on does swap finish\n"
                  "sooner than recompute? Give the first such length.",
                  "study", {"preemption", "--device", "sim", "--gpu", "l4", "--pcie-gbps", "2"},
@@ -1000,7 +1032,7 @@ std::vector<Question> questions() {
                          if (rec.count(len) && swp.count(len) && swp[len] < rec[len]) return len;
                      return std::nan("");
                  },
-                 0});
+                 0, "L5, L6"});
     return q;
 }
 
@@ -1024,12 +1056,24 @@ std::map<std::string, std::string> read_answers(const fs::path& file) {
     return a;
 }
 
-std::string answers_template() {
-    std::string t =
-        "# pagedkv: analysis questions.\n"
-        "# Build the project (make), run the command each question names, read the figure off\n"
-        "# its output and write it after the '='. The grader checks every answer against the\n"
-        "# reference engine's own --json output.\n";
+// ANSWERS.txt as `kit cut` writes it: the exercises cut (when `cut` is
+// given, with their titles from `ex`), then the questions.
+std::string answers_template(const std::map<int, Exercise>* ex = nullptr, const std::set<int>* cut = nullptr) {
+    std::string t = "# pagedkv: your exercises and the analysis questions.\n";
+    if (ex && cut && !cut->empty()) {
+        t += "#\n# The exercises cut in this copy (`./build/kit list` says where each one is). A title\n"
+             "# that starts \"lab LN:\" is a lab exercise: lab/ code, taught in lab/LAB.md chapter LN;\n"
+             "# the others are the reference's, in the TUTORIAL's order.\n";
+        for (int n : *cut) {
+            char line[128];
+            std::snprintf(line, sizeof line, "#   exercise %-2d %s\n", n, ex->at(n).title.c_str());
+            t += line;
+        }
+    }
+    t += "#\n"
+         "# The questions: build the project (make), run the command each question names, read the\n"
+         "# figure off its output and write it after the '='. The grader checks every answer against\n"
+         "# the reference engine's own --json output.\n";
     for (const Question& q : questions()) {
         t += "\n";
         std::istringstream ss(q.text);
@@ -1471,16 +1515,32 @@ private:
 // 7. kit cut
 // ============================================================================
 
-// A pagedkv reference: it has the checks' main and no .kit (a student copy
-// has one). Whether it has exercise regions is found out by scanning.
-bool is_reference(const fs::path& dir) {
-    std::error_code ec;
-    return fs::is_regular_file(dir / "tests/exercises/main.cpp", ec) && !fs::exists(dir / ".kit", ec);
-}
-
 // Files of the reference that stay out of a student copy: the known-wrong
 // implementations, whose lines quote the solutions.
-bool stays_out_of_copies(const std::string& rel) { return rel.rfind("tests/exercises/wrong/", 0) == 0; }
+const char* const kWrongDir = "tests/exercises/wrong";
+bool stays_out_of_copies(const std::string& rel) { return rel.rfind(std::string(kWrongDir) + "/", 0) == 0; }
+
+// Why `dir` is not a pagedkv reference, or "" when it is one: the reference
+// has the checks' main, no .kit (a student copy has one) and the known-wrong
+// implementations (tests/exercises/wrong/), which `kit cut` leaves out of
+// every copy -- so a copy that lost its .kit is still told apart. Whether
+// its regions are stubs is found out by scanning (reference_exercises).
+std::string not_a_reference(const fs::path& dir) {
+    std::error_code ec;
+    if (!fs::is_regular_file(dir / "tests/exercises/main.cpp", ec)) return "it is not a pagedkv tree (no tests/exercises/main.cpp)";
+    if (fs::exists(fs::symlink_status(dir / ".kit", ec))) return "it is a student copy (it has a .kit)";
+    if (!fs::is_directory(dir / kWrongDir, ec))
+        return std::string("it has no ") + kWrongDir + "/, which the reference has and `kit cut` leaves out of every student copy";
+    return "";
+}
+bool is_reference(const fs::path& dir) { return not_a_reference(dir).empty(); }
+
+// "1, 3": a set of exercise numbers, for messages.
+std::string list_of(const std::set<int>& s) {
+    std::string out;
+    for (int n : s) out += (out.empty() ? "" : ", ") + std::to_string(n);
+    return out;
+}
 
 // Extra compiler flags a student copy needs: a stub leaves parameters and
 // locals unused, and -Werror would turn that into a build failure.
@@ -1492,12 +1552,13 @@ const char* kKitMk =
 
 // The exercises of the reference at `root`, or an error saying it is not one.
 std::map<int, Exercise> reference_exercises(const fs::path& root, const std::vector<std::string>& files) {
-    if (!is_reference(root))
-        throw std::runtime_error(root.string() + (fs::exists(root / ".kit") ? " is a student copy (it has a .kit), not the reference"
-                                                                           : " is not a pagedkv tree (no tests/exercises/main.cpp)") +
-                                 ": run the kit at the root of the pagedkv repository");
+    if (const std::string why = not_a_reference(root); !why.empty())
+        throw std::runtime_error(root.string() + " is not the pagedkv reference: " + why + ": run the kit at the root of the pagedkv repository");
     std::map<int, Exercise> ex = scan_exercises(root, files);
     if (ex.empty()) throw std::runtime_error(root.string() + " has no exercise regions: run the kit at the root of the pagedkv repository");
+    if (const std::set<int> stubs = stubbed_exercises(root, files); !stubs.empty())
+        throw std::runtime_error(root.string() + " is not the pagedkv reference: the regions of exercise(s) " + list_of(stubs) +
+                                 " are stubs as `kit cut` writes them: run the kit at the root of the pagedkv repository");
     return ex;
 }
 
@@ -1539,7 +1600,7 @@ void cut(const fs::path& ref_root, const fs::path& out, const std::set<int>& whi
                                      "# from the reference: kit grade --copy THIS_FOLDER (COURSE.md).\n"
                                      "kit = 2\nexercises = " + cut_list + "\n");
     write_file(abs_out / ".kit.mk", kKitMk);
-    write_file(abs_out / "ANSWERS.txt", answers_template());
+    write_file(abs_out / "ANSWERS.txt", answers_template(&ex, &which));
     if (quiet) return;
     std::printf("kit: wrote a student copy to %s\n", shown(abs_out).c_str());
     for (int n : which) {
@@ -1628,9 +1689,8 @@ fs::path find_reference(const fs::path& copy, const std::string& flag) {
         return {};
     }
     if (!fs::is_directory(ref)) throw std::runtime_error(from + " names " + ref + ", which is not a folder");
-    if (!is_reference(ref))
-        throw std::runtime_error(from + " names " + ref + ", which is not a pagedkv reference (" +
-                                 (fs::exists(fs::path(ref) / ".kit") ? "it has a .kit: it is a student copy" : "no tests/exercises/main.cpp") + ")");
+    if (const std::string why = not_a_reference(ref); !why.empty())
+        throw std::runtime_error(from + " names " + ref + ", which is not a pagedkv reference (" + why + ")");
     const fs::path canon = fs::canonical(ref);
     if (canon == copy) throw std::runtime_error(from + " names the copy itself");
     return canon;
@@ -1733,6 +1793,31 @@ void print_exercise(const ExerciseResult& e, bool verbose) {
     }
 }
 
+// A folder without .kit is graded as the reference itself, by its own checks.
+// That is right for the reference only: a student copy that lost its .kit
+// would be graded by the checks in it, and its stubs reported as if the
+// reference failed. So anything else is refused, saying what would work.
+void refuse_unless_reference(const fs::path& dir) {
+    const std::string why = not_a_reference(dir);
+    if (why.rfind("it is not a pagedkv tree", 0) == 0)
+        throw std::runtime_error(shown(dir) + " is not a pagedkv tree (no tests/exercises/main.cpp): run the kit at the root of the "
+                                 "pagedkv repository or of a student copy");
+    const std::set<int> stubs = stubbed_exercises(dir, project_files(dir));
+    if (why.empty() && stubs.empty()) return;
+    std::string what;
+    if (!stubs.empty()) what = "the regions of exercise(s) " + list_of(stubs) + " are stubs as `kit cut` writes them";
+    if (!why.empty()) what += (what.empty() ? "" : ", and ") + why;
+    std::string cut_list;
+    for (int n : stubs) cut_list += (cut_list.empty() ? "" : " ") + std::to_string(n);
+    throw std::runtime_error(
+        dir.string() + " has no .kit, and it is not the pagedkv reference: " + what +
+        ". It looks like a student copy that lost its .kit, and grading it as the reference would grade it by its own "
+        "checks. Put its .kit back: a file named .kit at its top with the line 'exercises = " +
+        (cut_list.empty() ? "N M ..." : cut_list) +
+        "' (the exercises that were cut). Then `make grade` there self-checks it, and `kit grade --copy " + dir.string() +
+        "` run in the reference grades it.");
+}
+
 // Grade a copy, or the reference itself. Prints each exercise's line as soon
 // as it and every exercise before it are done.
 GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = nullptr) {
@@ -1749,6 +1834,7 @@ GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = n
                                      "without one is not graded (its own checks would grade it). To grade the reference "
                                      "itself, run `kit grade` in it without --copy.");
         if (!rq.reference.empty()) throw std::runtime_error("--reference goes with a student copy; this folder is no copy (it has no .kit)");
+        refuse_unless_reference(copy);
         mode = kReference;
     } else {
         ref = find_reference(copy, rq.reference);
@@ -1869,8 +1955,8 @@ GradeReport grade(const GradeRequest& rq, const Options& opt, Grader* shared = n
 // tests/exercises/wrong/*.txt each describe a mistake a student could make
 // (or a cheat one could try) as an edit of the reference's regions:
 //
-//     # exercise 7: prefix_cache_queries counts only the prompt   <- what it is
-//     exercise: 7
+//     # exercise 4: prefix_cache_queries counts only the prompt   <- what it is
+//     exercise: 4
 //     expect: fail                   fail: graded, it must fail; refused: the scan must refuse it
 //     caught by: NAME OF A CHECK     (optional) a check that must be among the failures
 //     unscanned: fail                (optional, with refused) with the scan off it must still fail
@@ -1899,8 +1985,6 @@ struct Wrong {
     bool output_cut = false;        // output: cut
     std::vector<Hunk> hunks;
 };
-
-const char* const kWrongDir = "tests/exercises/wrong";
 
 Wrong parse_wrong(const std::string& text, const std::string& name) {
     Wrong w;
@@ -2026,17 +2110,22 @@ void apply_wrong(const fs::path& ref, const fs::path& copy, const Wrong& w, cons
 //
 // (a) the reference passes every check and has an answer for every question;
 //     its check files follow main.cpp's rules and its regions pass the scan;
+//     core exercises come first and neither live in lab/ nor include it in
+//     their checks; each lab exercise names a chapter of lab/LAB.md;
 // (b) a copy with every exercise cut fails each one, every check "not
 //     implemented";
 // (c) a copy with one exercise cut fails that one only: every other exercise
 //     still passes (the isolation of section 8);
-// (d) exercise 9 with one barrier deleted fails its ThreadSanitizer check;
+// (d) the kernel's exercise (the one checked under ThreadSanitizer too) with
+//     one barrier deleted fails its ThreadSanitizer check;
 // (e) right answers pass the questions, graded against a read-only copy of
 //     the reference that the grader leaves as it was; a wrong one fails;
 // (f) every known-wrong implementation fails its exercise (section 9);
 // (g) every cheat is refused by the scan and, with the scan off, still fails;
 //     check programs planted in a copy's build/ are never run; a copy
-//     without .kit is refused;
+//     without .kit is refused, whether named with --copy, graded from inside
+//     (a stub, or no tests/exercises/wrong/, gives it away; the refusal's
+//     advice, a .kit put back, then works) or named as the reference;
 // (h) the command line: an unknown exercise, a folder that is no pagedkv
 //     tree; an exception in a worker thread reaches the caller.
 
@@ -2136,6 +2225,50 @@ int selftest(const fs::path& root_in, const Options& opt) {
             if (d == std::string::npos) continue;
             expect(last_project == std::string::npos || last_project < d, f + " includes doctest after the project's headers");
         }
+        // Core exercises first, each titled as the TUTORIAL's code and checked
+        // without lab/ code; lab exercises after them, each naming a chapter
+        // of lab/LAB.md.
+        {
+            const std::string lab_md = fs::exists(root / "lab/LAB.md") ? read_file(root / "lab/LAB.md") : "";
+            int last_core = 0, first_lab = 0;
+            for (const auto& [n, e] : ex) {
+                const std::string chapter = lab_chapter(e.title);
+                if (chapter.empty()) {
+                    last_core = n;
+                    std::string in_lab;
+                    for (const auto& [f, line] : e.places)
+                        if (f.rfind("lab/", 0) == 0 && in_lab.empty()) in_lab = f + ":" + std::to_string(line);
+                    // The check file and the tests/exercises headers it
+                    // includes, followed: which of them includes lab/?
+                    std::string lab_include;
+                    std::vector<std::string> todo = {"tests/exercises/ex" + nn(n) + ".cpp"};
+                    std::set<std::string> read;
+                    while (!todo.empty() && lab_include.empty()) {
+                        const std::string rel = todo.back();
+                        todo.pop_back();
+                        if (!read.insert(rel).second || !fs::exists(root / rel)) continue;
+                        std::istringstream src(read_file(root / rel));
+                        for (std::string line; std::getline(src, line);) {
+                            const size_t q = line.find("#include \"");
+                            if (q == std::string::npos) continue;
+                            const std::string inc = line.substr(q + 10, line.find('"', q + 10) - q - 10);
+                            if (inc.rfind("lab/", 0) == 0) lab_include = rel + " includes " + inc;
+                            else if (inc.rfind("tests/exercises/", 0) == 0) todo.push_back(inc);
+                        }
+                    }
+                    expect(in_lab.empty() && lab_include.empty(),
+                           "exercise " + std::to_string(n) + " (core) has no region in lab/ and its checks use no lab/ code" +
+                               (in_lab.empty() ? "" : ": a region at " + in_lab) + (lab_include.empty() ? "" : ": " + lab_include));
+                } else {
+                    if (!first_lab) first_lab = n;
+                    const bool named = lab_md.find("\n## " + chapter + ". ") != std::string::npos;
+                    expect(named, "exercise " + std::to_string(n) + " (lab " + chapter + ") names a chapter of lab/LAB.md");
+                }
+            }
+            expect(!first_lab || first_lab > last_core,
+                   "the lab exercises come after every core one (core up to " + std::to_string(last_core) + ", lab from " +
+                       std::to_string(first_lab) + ")");
+        }
         // A correct solution must never be refused: the reference's regions pass the scan.
         std::string refused;
         for (const std::string& f : files) {
@@ -2172,36 +2305,48 @@ int selftest(const fs::path& root_in, const Options& opt) {
         expect(ok, "exercise " + std::to_string(n) + " cut: only it fails" + detail);
     }
 
-    section("(d) exercise 9 with a barrier deleted fails under ThreadSanitizer");
+    // The exercise whose checks run under ThreadSanitizer too: the kernel's.
+    int kernel = 0;
+    for (const auto& [n, e] : ex)
+        if (!kernel && fs::exists(root / ("tests/exercises/ex" + nn(n) + ".cpp")) &&
+            has_tsan_check(read_file(root / ("tests/exercises/ex" + nn(n) + ".cpp"))))
+            kernel = n;
+    const std::string kernel_s = std::to_string(kernel);
+    section(("(d) exercise " + kernel_s + " (checked under ThreadSanitizer) with a barrier deleted fails there").c_str());
     {
         const fs::path dir = work / "copies/barrier";
         cut(root, dir, {}, false, true);
-        const fs::path f = dir / "paged_kv.cuh";
-        std::string text = read_file(f);
         bool removed = false;
-        for (const Region& r : find_regions(text, "paged_kv.cuh")) {
-            if (r.number != 9) continue;
-            const size_t s = text.find("syncthreads();", r.body_begin);
-            if (s != std::string::npos && s < r.body_end) {
-                const size_t ls = text.rfind('\n', s) + 1, le = text.find('\n', s) + 1;
-                text.erase(ls, le - ls);
-                removed = true;
+        std::set<std::string> seen;
+        for (const auto& [file, line] : kernel ? ex.at(kernel).places : std::vector<std::pair<std::string, int>>{}) {
+            if (removed || !seen.insert(file).second) continue;
+            const fs::path f = dir / file;
+            std::string text = read_file(f);
+            for (const Region& r : find_regions(text, file)) {
+                if (r.number != kernel) continue;
+                const size_t s = text.find("syncthreads();", r.body_begin);
+                if (s != std::string::npos && s < r.body_end) {
+                    const size_t ls = text.rfind('\n', s) + 1, le = text.find('\n', s) + 1;
+                    text.erase(ls, le - ls);
+                    removed = true;
+                    write_file(f, text);
+                    break;
+                }
             }
-            break;
         }
-        expect(removed, "deleted the first syncthreads() of exercise 9's region");
-        write_file(f, text);
+        expect(removed, "deleted the first syncthreads() of exercise " + kernel_s + "'s regions");
         // The numbers may come out wrong already, or right on a lucky
         // schedule: the TSan check must catch it either way, so here it runs
         // even when other checks fail (a grade runs it only after they pass).
         g.set_tsan_always(true);
-        GradeReport d = grade_copy(dir, {9}, false, opt, g);
+        GradeReport d = grade_copy(dir, {kernel}, false, opt, g);
         g.set_tsan_always(false);
         std::string tsan_why = "no TSan check";
         for (const auto& e : d.exercises)
             for (const auto& c : e.checks)
                 if (c.name == kTsanCheck) tsan_why = c.pass ? "it PASSED" : c.why;
-        expect(tsan_why.find("data race") != std::string::npos, "exercise 9's ThreadSanitizer check fails: " + first_lines(tsan_why, 1));
+        expect(tsan_why.find("data race") != std::string::npos,
+               "exercise " + kernel_s + "'s ThreadSanitizer check fails: " + first_lines(tsan_why, 1));
     }
 
     section("(e) the questions: the key's answers pass against a read-only reference, a wrong one fails");
@@ -2327,47 +2472,98 @@ int selftest(const fs::path& root_in, const Options& opt) {
             }
         }
 
+        // The cheats' exercise: the planted programs and the copies without
+        // .kit below use it too.
+        int cx = 0;
+        for (const Wrong& w : wrongs)
+            if (w.refused && !cx) cx = w.exercise;
+        const std::string cx_s = std::to_string(cx), cx_nn = nn(cx);
+
         // Cheat (c): grade a wrong copy, plant programs that print a passing
         // summary wherever an earlier kit kept its builds, grade again with
         // a new grader: still a failure, and the copy was never written to.
-        const Wrong* w3 = nullptr;
+        const Wrong* wc = nullptr;
         for (const Wrong& w : wrongs)
-            if (!w.refused && w.exercise == 3 && !w3) w3 = &w;
-        if (w3) {
+            if (!w.refused && w.exercise == cx && !wc) wc = &w;
+        if (wc) {
             const fs::path dir = work / "copies/planted";
             cut(root, dir, {}, false, true);
-            apply_wrong(root, dir, *w3, ex);
-            const bool first_fails = !grade_copy(dir, {3}, false, opt, g).exercises.at(0).pass();
-            expect(first_fails && !fs::exists(dir / "build"), "a wrong exercise 3 fails, and grading wrote nothing into the copy");
+            apply_wrong(root, dir, *wc, ex);
+            const bool first_fails = !grade_copy(dir, {cx}, false, opt, g).exercises.at(0).pass();
+            expect(first_fails && !fs::exists(dir / "build"), "a wrong exercise " + cx_s + " fails, and grading wrote nothing into the copy");
             const std::string fake = "#!/bin/sh\necho '[doctest] test cases: 1 | 1 passed | 0 failed | 0 skipped'\n"
                                      "echo '[doctest] Status: SUCCESS!'\nexit 0\n";
-            for (const char* at : {"build/grade/ex03", "build/grade/trees/0000000000000000/ex03", "build/ex03", "build/grade/ex03-tsan"}) {
+            for (const std::string& at : {"build/grade/ex" + cx_nn, "build/grade/trees/0000000000000000/ex" + cx_nn, "build/ex" + cx_nn,
+                                          "build/grade/ex" + cx_nn + "-tsan"}) {
                 write_file(dir / at, fake);
                 fs::permissions(dir / at, fs::perms::owner_all);
             }
             Grader fresh(opt, doctest);
-            const bool second_fails = !grade_copy(dir, {3}, false, opt, fresh).exercises.at(0).pass();
+            const bool second_fails = !grade_copy(dir, {cx}, false, opt, fresh).exercises.at(0).pass();
             expect(second_fails, "with programs that print a passing summary planted in its build/: still a failure");
         } else {
-            expect(false, "a known-wrong implementation of exercise 3 for the planted-programs cheat");
+            expect(false, "a known-wrong implementation of exercise " + cx_s + " (the cheats' exercise) for the planted-programs cheat");
         }
 
         // Cheat (d): a copy without .kit is not graded (as the reference, with
         // its own checks); .kit does not name the reference.
         const fs::path self = fs::read_symlink("/proc/self/exe");
         const fs::path dir = work / "copies/no-kit";
-        cut(root, dir, {3}, false, true);
+        cut(root, dir, {cx}, false, true);
         const std::string kit_text = read_file(dir / ".kit");
         expect(kit_text.find(root.string()) == std::string::npos, ".kit does not name the reference's path");
         fs::remove(dir / ".kit");
-        const RunResult r = run_process(command({self.string(), "grade", "--copy", dir.string(), "--reference", root.string(), "--exercises", "3",
-                                          "--no-questions"}, root));
-        expect(r.status == 1 && r.output.find("has no .kit") != std::string::npos && r.output.find("exercise 3 ") == std::string::npos,
+        const RunResult r = run_process(command({self.string(), "grade", "--copy", dir.string(), "--reference", root.string(), "--exercises",
+                                                 cx_s, "--no-questions"}, root));
+        expect(r.status == 1 && r.output.find("has no .kit") != std::string::npos && r.output.find("exercise " + cx_s + " ") == std::string::npos,
                "kit grade --copy on a copy without .kit: refused, exit status " + std::to_string(r.status));
+        // The same copy graded from inside it, as `make grade` there does: not
+        // "the reference itself" -- its stub is named, and the fix.
+        Proc in_copy = command({self.string(), "grade", "--no-questions"}, dir);
+        in_copy.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r3 = run_process(in_copy);
+        expect(r3.status == 1 && r3.output.find("has no .kit") != std::string::npos &&
+                   r3.output.find("exercise(s) " + cx_s + " are stubs") != std::string::npos &&
+                   r3.output.find("'exercises = " + cx_s + "'") != std::string::npos &&
+                   r3.output.find("grading the reference itself") == std::string::npos &&
+                   r3.output.find("exercise " + cx_s + " ") == std::string::npos,
+               "kit grade inside a copy without .kit (exercise " + cx_s + " a stub): refused, exit status " + std::to_string(r3.status) +
+                   ", '" + first_lines(r3.output, 1).substr(0, 160) + "...'");
+        // What the refusal says would work does: a .kit with the line it
+        // names, and `kit grade` there self-checks the copy (its stub: not
+        // implemented), refusing nothing.
+        write_file(dir / ".kit", "exercises = " + cx_s + "\n");
+        Proc fixed = command({self.string(), "grade", "--exercises", cx_s, "--no-questions"}, dir);
+        fixed.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r6 = run_process(fixed);
+        expect(r6.status == 1 && r6.output.find("has no .kit") == std::string::npos &&
+                   r6.output.find("a self-check of") != std::string::npos &&
+                   r6.output.find("exercise " + cx_s + " ") != std::string::npos &&
+                   r6.output.find("not implemented") != std::string::npos,
+               "the same copy with the .kit line the refusal names: self-checked, exercise " + cx_s +
+                   " not implemented (exit status " + std::to_string(r6.status) + ")");
+        // A copy with nothing cut left (every region the reference's code)
+        // that lost its .kit: no stub to see, but no tests/exercises/wrong/.
+        const fs::path whole = work / "copies/no-kit-whole";
+        cut(root, whole, {}, false, true);
+        fs::remove(whole / ".kit");
+        Proc in_whole = command({self.string(), "grade", "--no-questions"}, whole);
+        in_whole.unset_env = {"PAGEDKV_REFERENCE"};
+        const RunResult r4 = run_process(in_whole);
+        expect(r4.status == 1 && r4.output.find("has no .kit") != std::string::npos &&
+                   r4.output.find("tests/exercises/wrong/") != std::string::npos &&
+                   r4.output.find("grading the reference itself") == std::string::npos,
+               "kit grade inside a whole copy without .kit: refused (no tests/exercises/wrong/), exit status " + std::to_string(r4.status));
         const RunResult r2 = run_process(command({self.string(), "grade", "--copy", (work / "copies/all").string(), "--reference",
                                            (work / "copies/ex1").string(), "--no-questions"}, root));
         expect(r2.status == 1 && r2.output.find("not a pagedkv reference") != std::string::npos,
                "--reference naming a student copy: an error, not ignored (exit status " + std::to_string(r2.status) + ")");
+        // PAGEDKV_REFERENCE naming a copy that lost its .kit is no reference either.
+        Proc via_env = command({self.string(), "grade", "--copy", (work / "copies/all").string(), "--no-questions"}, root);
+        via_env.set_env = {{"PAGEDKV_REFERENCE", whole.string()}};
+        const RunResult r5 = run_process(via_env);
+        expect(r5.status == 1 && r5.output.find("not a pagedkv reference") != std::string::npos,
+               "PAGEDKV_REFERENCE naming a copy without .kit: an error (exit status " + std::to_string(r5.status) + ")");
     }
 
     section("(h) the command line and the grader's own failures");
@@ -2423,7 +2619,9 @@ int list(const fs::path& root) {
         for (const auto& [f, line] : e.places) where += (where.empty() ? "" : " ") + f + ":" + std::to_string(line);
         std::printf("exercise %-2d %-52s %2zu checks  %s\n", n, e.title.c_str(), checks, where.c_str());
     }
-    for (const Question& q : questions()) std::printf("question %-2s %s\n", q.id.substr(1).c_str(), q.command().c_str());
+    for (const Question& q : questions())
+        std::printf("question %-2s %s%s\n", q.id.substr(1).c_str(), q.command().c_str(),
+                    q.lab.empty() ? "" : ("   (lab: lab/LAB.md " + q.lab + ")").c_str());
     return 0;
 }
 

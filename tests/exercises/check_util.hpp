@@ -1,16 +1,22 @@
 // tests/exercises/check_util.hpp -- helpers that more than one check file uses.
 //
 // Only what is really the same in the files that need it lives here:
-//   1. block ids and runs of tokens (exercises 2, 3, 4, 7), and the free list
-//      read from head to tail (exercises 2 and 4);
-//   2. a Scheduler driven step by step without a model (exercises 5, 6, 7):
-//      requests named by letter, the engine's part of a step, the pool check;
-//   3. attention problems with a dense answer (exercises 8 and 9): sequences
+//   1. block ids and runs of tokens (exercises 2, 3, 4, 6, 7, 13), and the free list
+//      read from head to tail (exercises 2, 3 and 6);
+//   2. a Scheduler driven step by step without a model (exercises 4, 5, 6
+//      and the lab's 11, 12, 13): requests named by letter, the engine's part
+//      of a step, the pool check, and CheckPolicy, a policy of the checks' own
+//      at scheduler.hpp's seam, so that the core exercises' checks can pick
+//      another victim, take a victim over or answer admission otherwise
+//      without lab/ code;
+//   3. attention problems with a dense answer (exercises 9 and 10): sequences
 //      scattered over shuffled blocks, attention over the same numbers laid
 //      out contiguously, and the comparison of the two.
 // What belongs to one exercise's story (exercise 5's victim situation,
-// exercise 6's two victims, exercise 8's batch order, exercise 9's tiles)
-// stays in that file, next to the checks it explains.
+// exercise 6's two victims, exercise 9's batch order, exercise 10's tiles)
+// stays in that file, next to the checks it explains. The lab exercises'
+// helpers (LabPolicy, the swap copier) are in lab_util.hpp: nothing here
+// includes lab/.
 //
 // A check file includes this after its own headers and says `using namespace
 // pkv_check;`. Nothing here computes an expected value from an exercise's
@@ -24,6 +30,8 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -32,7 +40,6 @@
 #include "core/block_pool.hpp"
 #include "core/block_pool_check.hpp"
 #include "paged_kv.cuh"
-#include "lab/policies.hpp"
 #include "scheduler.hpp"
 
 // doctest last, after every header with an exercise region (main.cpp says why).
@@ -104,18 +111,6 @@ inline std::string names(const std::vector<ScheduledRequest>& v) {
     return s;
 }
 
-// The lab's scheduling policies (lab/policies.hpp), as exercises 5-7 use
-// them: a config that runs `p`, and what a swapping policy holds.
-inline void use_policy(SchedulerConfig& c, const PolicyConfig& p) { c.policy = make_policy(p); }
-// The scheduler's LabPolicy; under the card's (no policy object) an idle
-// one, which holds nothing and counts nothing.
-inline const LabPolicy& lab(const Scheduler& s) {
-    static const LabPolicy none(PolicyConfig{}, 0);
-    const LabPolicy* p = lab_policy(s);
-    return p ? *p : none;
-}
-inline std::string names_swapped(const Scheduler& s) { return names(lab(s).swapped()); }
-
 // The tokens each scheduled request got, in step order, e.g. "1,4".
 inline std::string counts(const std::vector<ScheduledRequest>& v) {
     std::string s;
@@ -154,6 +149,85 @@ inline void complete(Scheduler& s, const SchedulerOutput& out) {
 // "" when the pool agrees with every block table the scheduler knows of
 // (reference counts, the free list, the cache), else what is wrong.
 inline std::string consistent(const Scheduler& s, const BlockPool& pool) { return check_invariants(pool, s.all_block_tables()); }
+
+// A policy of the checks' own, at scheduler.hpp's seam: it answers as the
+// card does (SchedulerPolicy's defaults) unless told otherwise, so a core
+// exercise is checked under each answer the seam can give without any lab/
+// code. What the scheduler's regions must get right under those answers:
+//   pick_front  pick_victim names the oldest running request, which may stand
+//               before the running loop's cursor, scheduled already;
+//   take_over   take_victim keeps the victim: it frees the blocks itself and
+//               holds the request (a swap that copies nothing), so preempt()
+//               must neither free nor requeue it; it is never given back;
+//   admit       rewrites the card's admission answer (reserve more, keep some
+//               blocks free); `cards` records each card answer it was shown.
+// It records, for each victim, what the scheduler had done to it by the time
+// take_victim saw it (`seen`).
+struct CheckPolicy : SchedulerPolicy {
+    bool pick_front = false, take_over = false;
+    std::function<Admit(const Scheduler&, const Request&, Admit)> admit;
+
+    struct Seen {
+        int id = -1;
+        bool in_running = false, in_waiting = false;
+        RequestState state = RequestState::kWaiting;
+        int num_preemptions = 0, num_computed_tokens = 0;
+        long num_preemptions_total = 0;
+        std::vector<int32_t> blocks;  // its table
+        bool blocks_held = false;     // every block of its table still has a reference
+    };
+    std::vector<Seen> seen;
+    std::vector<Admit> cards;
+    std::deque<Request*> held;  // victims taken over, newest victim first
+
+    Request* pick_victim(const std::vector<Request*>& running) override { return pick_front ? running.front() : running.back(); }
+    bool take_victim(Scheduler& s, Request& v) override {
+        Seen w;
+        w.id = v.id;
+        w.in_running = std::find(s.running().begin(), s.running().end(), &v) != s.running().end();
+        w.in_waiting = std::find(s.waiting().begin(), s.waiting().end(), &v) != s.waiting().end();
+        w.state = v.state;
+        w.num_preemptions = v.num_preemptions;
+        w.num_computed_tokens = v.num_computed_tokens;
+        w.num_preemptions_total = s.stats().num_preemptions_total;
+        w.blocks = v.block_table.blocks;
+        w.blocks_held = !v.block_table.blocks.empty();
+        for (int32_t b : v.block_table.blocks) w.blocks_held = w.blocks_held && s.pool().block(b).ref_cnt > 0;
+        seen.push_back(w);
+        if (!take_over) return false;
+        free_blocks(s.pool(), v.block_table);
+        held.push_front(&v);
+        return true;
+    }
+    bool resume(Scheduler&, SchedulerOutput&, int&) override { return held.empty(); }
+    Admit admission(const Scheduler& s, const Request& r, Admit card) override {
+        cards.push_back(card);
+        return admit ? admit(s, r, card) : card;
+    }
+    bool forget(Request& r) override {
+        const auto it = std::find(held.begin(), held.end(), &r);
+        if (it == held.end()) return false;
+        held.erase(it);
+        return true;
+    }
+    size_t num_held() const override { return held.size(); }
+};
+
+// A config whose scheduler runs a CheckPolicy set up by `setup`, and that
+// policy in a running scheduler.
+inline void use_check_policy(SchedulerConfig& c, std::function<void(CheckPolicy&)> setup) {
+    c.policy = [setup](const SchedulerConfig&) {
+        auto p = std::make_unique<CheckPolicy>();
+        if (setup) setup(*p);
+        return p;
+    };
+}
+inline CheckPolicy& check_policy(Scheduler& s) {
+    auto* p = dynamic_cast<CheckPolicy*>(&s.policy());
+    REQUIRE(p != nullptr);
+    return *p;
+}
+inline std::string names_held(Scheduler& s) { return names(check_policy(s).held); }
 
 // ============================================================================
 // 3. Attention problems with a dense answer

@@ -66,7 +66,7 @@ std::string consistent(const BlockPool& pool, std::vector<const Ids*> holders) {
 void give_hash(BlockPool& pool, int32_t id) {
     const std::vector<int32_t> toks((size_t)pool.block_size(), id);
     pool.prefix_index().cache_block(id, 0x1000u + (uint64_t)id, kRootHash, toks.data());
-    REQUIRE(pool.prefix_index().entry(id).has_hash);
+    REQUIRE(pool.prefix_index().cached(id));
 }
 
 }  // namespace
@@ -144,7 +144,7 @@ TEST_CASE("cached blocks go to the tail and keep their hash until reused") {
     pool.release({2, 4, 1, 3, 0});
     CHECK(free_list(pool) == Ids{4, 3, 6, 2, 1, 0});
     // Free, but still cached: a lookup finds them.
-    for (int32_t b : {0, 1, 2}) CHECK(pool.prefix_index().entry(b).has_hash);
+    for (int32_t b : {0, 1, 2}) CHECK(pool.prefix_index().cached(b));
     CHECK(pool.prefix_index().num_cached_blocks() == 3u);
     const std::vector<int32_t> toks2(2, 2);
     CHECK(pool.prefix_index().lookup(0x1002u, kRootHash, toks2.data()) == 2);
@@ -154,11 +154,11 @@ TEST_CASE("cached blocks go to the tail and keep their hash until reused") {
     Ids got;
     REQUIRE(pool.allocate(4, got));
     CHECK(got == Ids{4, 3, 6, 2});
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
+    CHECK_FALSE(pool.prefix_index().cached(2));
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
     CHECK(pool.prefix_index().lookup(0x1002u, kRootHash, toks2.data()) == -1);
-    CHECK(pool.prefix_index().entry(1).has_hash);
-    CHECK(pool.prefix_index().entry(0).has_hash);
+    CHECK(pool.prefix_index().cached(1));
+    CHECK(pool.prefix_index().cached(0));
     CHECK(free_list(pool) == Ids{1, 0});
     const Ids still{5};
     CHECK(consistent(pool, {&got, &still}) == "");

@@ -1,36 +1,32 @@
-// tests/exercises/ex03.cpp -- grades exercise 3, "chained hashes and the
-// prefix lookup" (core/prefix_cache.hpp: find_cached_prefix and cache_full_blocks).
+// tests/exercises/ex03.cpp -- grades exercise 3, "block table growth"
+// (block_pool.hpp: allocate_slots and free_blocks).
 //
-// The lookup checks fill the prefix cache by hand (BlockPool::cache_block with
-// hashes computed here by hash_block_tokens), so they do not depend on
-// cache_full_blocks; the registration checks compare what cache_full_blocks
-// stored with hashes computed here the same way.
+// Prefix-cache hits are made by hand here (BlockPool::cache_block under
+// hashes computed with hash_block_tokens), so no check depends on
+// find_cached_prefix or cache_full_blocks.
 //
 // The checks, and what each one proves:
-//   - "a cached chain is found block by block in logical order": the hits are
-//     the physical ids of the matching blocks, in logical order, and the walk
-//     stops at the first block that differs or is no longer cached, even when
-//     a later block of the same chain still is.
-//   - "the block holding the last token is never a hit": with two blocks of 4
-//     cached, 8 tokens hit one block, 9 hit two; 4, 1 and 0 tokens hit none.
-//   - "a block matches only after the same prefix": the hash of a block
-//     names everything before it: a block cached as the child of one prefix is
-//     not found after another prefix, nor at the start of a sequence, and a
-//     block cached at the start is not found as a child.
-//   - "nothing is found or cached without prefix caching": a pool with prefix
-//     caching off answers no lookup even when a block carries a hash, and
-//     cache_full_blocks registers nothing.
-//   - "cache full blocks registers only full computed blocks": partial blocks
-//     and uncomputed tokens are never registered; each full block gets the
-//     chained hash of its tokens under the previous block's hash, and
-//     num_hashed and last_hash follow; a repeated call changes nothing.
-//   - "a duplicate of a cached block continues the chain": a second table
-//     holding the same tokens registers nothing for them (one block per hash)
-//     but is not broken: its next, new block is registered under the chain.
-//   - "a hash collision breaks the chain for good": with hash_mask 0 every
-//     hash collides; a block whose hash names other contents sets chain_broken,
-//     registers nothing, and the table stays unregistered even once the
-//     colliding entry is gone.
+//   - "a table grows by whole blocks only when it must": growing to 1, 4, 5,
+//     8, 9 and 13 tokens (block size 4) adds a block exactly when the token
+//     count passes a multiple of 4, taken from the head of the free list; a
+//     smaller request keeps the table as it is.
+//   - "a table that cannot grow is left as it was": asking for two blocks
+//     more when one is free fails and changes neither the table nor the pool.
+//   - "prefix hits come first": a new table starts with its hits (taking a
+//     reference on each, leaving their names as they are), then new blocks,
+//     which start unregistered.
+//   - "hits sitting in the free list count against capacity": two free hits
+//     plus two new blocks do not fit in three free blocks (nothing changes,
+//     the hits stay free and cached); two hits plus one new block do.
+//   - "hits on held blocks cost no free block": the same request succeeds
+//     with a single free block when the hits are held by another table.
+//   - "free blocks returns the last logical block first": after free_blocks
+//     on an uncached table its blocks head the free list tail block first;
+//     with every block cached they join the tail, tail block first, so the
+//     table's first block is evicted last.
+//   - "free blocks empties the table for reuse": the table is back to an
+//     empty one, and every block goes back exactly once, shared ones
+//     keeping their other holder and their names.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,220 +44,210 @@ using namespace pkv_check;
 
 namespace {
 
-Ids concat(std::initializer_list<Ids> parts) {
-    Ids v;
-    for (const Ids& p : parts) v.insert(v.end(), p.begin(), p.end());
-    return v;
+std::string consistent(const BlockPool& pool, std::vector<const BlockTable*> tables) {
+    std::vector<const Ids*> lists;
+    for (const BlockTable* t : tables) lists.push_back(&t->blocks);
+    return check_invariants(pool, lists);
 }
 
-// The chained hash of `blocks` (each one block of tokens), from the root.
-uint64_t chain_hash(std::initializer_list<Ids> blocks, int bs, uint64_t mask = ~0ull) {
-    uint64_t h = kRootHash;
-    for (const Ids& b : blocks) h = hash_block_tokens(h, b.data(), bs, mask);
-    return h;
+// Hold all blocks, then release them in `order`: the free list becomes
+// exactly `order` (uncached blocks go to the head in the order given).
+void set_free_order(BlockPool& pool, const Ids& order) {
+    Ids all;
+    REQUIRE(pool.allocate(pool.num_blocks(), all));
+    pool.release(order);
+    REQUIRE(walk_free_list(pool) == order);
 }
 
-// Register `id` as a cached block holding `toks` after `parent`.
-void put(BlockPool& pool, int32_t id, uint64_t parent, const Ids& toks) {
-    const uint64_t h = hash_block_tokens(parent, toks.data(), pool.block_size(), pool.prefix_index().hash_mask);
-    pool.prefix_index().cache_block(id, h, parent, toks.data());
-    REQUIRE(pool.prefix_index().entry(id).has_hash);
+// Blocks `ids` (held by the caller) become the cached chain of `toks`, one
+// block of tokens each. Returns the chained hash of each block.
+std::vector<uint64_t> cache_chain(BlockPool& pool, const Ids& ids, const Ids& toks) {
+    const int bs = pool.block_size();
+    std::vector<uint64_t> hashes;
+    uint64_t parent = kRootHash;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const int32_t* t = toks.data() + i * (size_t)bs;
+        const uint64_t h = hash_block_tokens(parent, t, bs, pool.prefix_index().hash_mask);
+        pool.prefix_index().cache_block(ids[i], h, parent, t);
+        REQUIRE(pool.prefix_index().cached(ids[i]));
+        hashes.push_back(h);
+        parent = h;
+    }
+    return hashes;
 }
-
-Ids hits_of(const BlockPool& pool, const Ids& toks) { return find_cached_prefix(pool, toks.data(), (int)toks.size()); }
-
-const Ids A{11, 12, 13, 14}, B{21, 22, 23, 24}, C{31, 32, 33, 34}, X{41, 42, 43, 44};
 
 }  // namespace
 
-TEST_CASE("a cached chain is found block by block in logical order") {
-    BlockPool pool(6, 4, true);
-    Ids held;
-    REQUIRE(pool.allocate(6, held));
-    // The chain [A, B, C] lives in blocks 3, 0, 4 (scattered on purpose).
-    put(pool, 3, kRootHash, A);
-    put(pool, 0, chain_hash({A}, 4), B);
-    put(pool, 4, chain_hash({A, B}, 4), C);
-
-    CHECK(hits_of(pool, concat({A, B, C, {7}})) == Ids{3, 0, 4});
-    CHECK(hits_of(pool, concat({A, B, C, X, {7}})) == Ids{3, 0, 4});
-    CHECK(hits_of(pool, concat({A, B, X, {7}})) == Ids{3, 0});  // differs at block 2
-    CHECK(hits_of(pool, concat({A, X, C, {7}})) == Ids{3});     // differs at block 1
-    CHECK(hits_of(pool, concat({X, B, C, {7}})).empty());       // differs at block 0
-    // One token different in the middle of block 1 is a miss too.
-    Ids near = concat({A, B, C, {7}});
-    near[5] = 99;
-    CHECK(hits_of(pool, near) == Ids{3});
-
-    // Evict block 0 (B): C's block is still cached, but the walk stops at B.
-    pool.release({0});
-    Ids again;
-    REQUIRE(pool.allocate(1, again));
-    REQUIRE(again == Ids{0});
-    REQUIRE(pool.prefix_index().entry(4).has_hash);
-    CHECK(hits_of(pool, concat({A, B, C, {7}})) == Ids{3});
-}
-
-TEST_CASE("the block holding the last token is never a hit") {
-    BlockPool pool(4, 4, true);
-    Ids held;
-    REQUIRE(pool.allocate(4, held));
-    put(pool, 2, kRootHash, A);
-    put(pool, 1, chain_hash({A}, 4), B);
-    const Ids toks = concat({A, B, C});
-    auto first = [&](int n) { return find_cached_prefix(pool, toks.data(), n); };
-    CHECK(first(12) == Ids{2, 1});  // block 2 is not cached anyway
-    CHECK(first(9) == Ids{2, 1});   // token 8 is computed, blocks 0 and 1 are not
-    CHECK(first(8) == Ids{2});      // token 7 must be computed: block 1 is not a hit
-    CHECK(first(5) == Ids{2});
-    CHECK(first(4).empty());        // token 3 must be computed
-    CHECK(first(1).empty());
-    CHECK(first(0).empty());
-}
-
-TEST_CASE("a block matches only after the same prefix") {
-    BlockPool pool(6, 4, true);
-    Ids held;
-    REQUIRE(pool.allocate(6, held));
-    put(pool, 0, kRootHash, A);            // [A]
-    put(pool, 1, chain_hash({A}, 4), B);   // [A, B]: B as the child of A
-    put(pool, 2, kRootHash, C);            // [C]
-    put(pool, 3, kRootHash, X);            // [X] at the start of a sequence
-
-    CHECK(hits_of(pool, concat({A, B, {7}})) == Ids{0, 1});
-    CHECK(hits_of(pool, concat({C, B, {7}})) == Ids{2});  // B after C: never cached
-    CHECK(hits_of(pool, concat({B, {7}})).empty());       // B at the start: never cached
-    CHECK(hits_of(pool, concat({A, X, {7}})) == Ids{0});  // X is cached only at the start
-    CHECK(hits_of(pool, concat({X, {7}})) == Ids{3});
-}
-
-TEST_CASE("nothing is found or cached without prefix caching") {
-    BlockPool pool(4, 4, false);
-    Ids held;
-    REQUIRE(pool.allocate(2, held));
-    put(pool, 0, kRootHash, A);  // a hash by hand: the pool still says "off"
-    CHECK(hits_of(pool, concat({A, B, {7}})).empty());
-
+TEST_CASE("a table grows by whole blocks only when it must") {
+    BlockPool pool(8, 4, false);
+    set_free_order(pool, {6, 2, 7, 0, 5, 1, 3, 4});
     BlockTable t;
-    REQUIRE(pool.allocate(2, t.blocks));  // blocks 2 and 3
-    const Ids toks = concat({B, C});
-    cache_full_blocks(pool, t, toks.data(), 8);
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-    CHECK_FALSE(t.chain_broken);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
-    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
+    const int tokens[] = {1, 4, 5, 8, 9, 13, 3, 0};
+    const size_t want_blocks[] = {1, 1, 2, 2, 3, 4, 4, 4};
+    for (int i = 0; i < 8; ++i) {
+        CAPTURE(tokens[i]);
+        REQUIRE(allocate_slots(pool, t, {}, tokens[i]));
+        CHECK(t.blocks.size() == want_blocks[i]);
+        CHECK(pool.num_free_blocks() == 8 - (int)want_blocks[i]);
+    }
+    CHECK(t.blocks == Ids{6, 2, 7, 0});  // in free-list order
+    for (int32_t b : t.blocks) CHECK(pool.block(b).ref_cnt == 1);
+    CHECK(consistent(pool, {&t}) == "");
 }
 
-TEST_CASE("cache full blocks registers only full computed blocks") {
-    BlockPool pool(5, 4, true);
-    Ids other;
-    REQUIRE(pool.allocate(1, other));  // block 0 elsewhere: the table starts at 1
-    BlockTable t;
-    REQUIRE(pool.allocate(4, t.blocks));  // 1, 2, 3, 4
-    const Ids toks = concat({A, B, C, {51, 52}});  // 14 tokens, 4 blocks
-
-    cache_full_blocks(pool, t, toks.data(), 3);  // block 0 not full yet
-    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-
-    cache_full_blocks(pool, t, toks.data(), 7);  // block 0 full, block 1 not
-    const uint64_t h0 = chain_hash({A}, 4);
-    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
-    CHECK(t.num_hashed == 1);
-    CHECK(t.last_hash == h0);
-    CHECK(pool.prefix_index().entry(1).has_hash);
-    CHECK(pool.prefix_index().entry(1).block_hash == h0);
-    CHECK(pool.prefix_index().entry(1).parent_hash == kRootHash);
-    CHECK(pool.prefix_index().entry(1).tokens == A);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-
-    cache_full_blocks(pool, t, toks.data(), 14);  // blocks 1 and 2 fill; block 3 is partial
-    const uint64_t h1 = chain_hash({A, B}, 4), h2 = chain_hash({A, B, C}, 4);
-    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    CHECK(t.num_hashed == 3);
-    CHECK(t.last_hash == h2);
-    CHECK(pool.prefix_index().entry(2).block_hash == h1);
-    CHECK(pool.prefix_index().entry(2).parent_hash == h0);
-    CHECK(pool.prefix_index().entry(2).tokens == B);
-    CHECK(pool.prefix_index().entry(3).block_hash == h2);
-    CHECK(pool.prefix_index().entry(3).parent_hash == h1);
-    CHECK(pool.prefix_index().entry(3).tokens == C);
-    CHECK_FALSE(pool.prefix_index().entry(4).has_hash);
-    CHECK_FALSE(t.chain_broken);
-
-    cache_full_blocks(pool, t, toks.data(), 14);  // again: nothing new
-    CHECK(pool.prefix_index().num_cached_blocks() == 3u);
-    CHECK(t.num_hashed == 3);
-    CHECK(t.last_hash == h2);
-    // And the lookup finds the chain, capped below the last token.
-    CHECK(hits_of(pool, toks) == Ids{1, 2, 3});
-    std::vector<const Ids*> tables{&other, &t.blocks};
-    CHECK(check_invariants(pool, tables) == "");
-}
-
-TEST_CASE("a duplicate of a cached block continues the chain") {
-    BlockPool pool(8, 4, true);
+TEST_CASE("a table that cannot grow is left as it was") {
+    BlockPool pool(4, 2, false);
     BlockTable a, b;
-    REQUIRE(pool.allocate(2, a.blocks));  // 0, 1
-    REQUIRE(pool.allocate(3, b.blocks));  // 2, 3, 4
-    const Ids ta = concat({A, B}), tb = concat({A, B, X, {9}});
-    cache_full_blocks(pool, a, ta.data(), 8);
-    REQUIRE(pool.prefix_index().num_cached_blocks() == 2u);
+    REQUIRE(allocate_slots(pool, a, {}, 3));  // 2 blocks
+    REQUIRE(allocate_slots(pool, b, {}, 1));  // 1 block
+    REQUIRE(pool.num_free_blocks() == 1);
+    const Ids a_before = a.blocks, free_before = walk_free_list(pool);
 
-    // b computed the same two blocks itself: they stay uncached (one block per
-    // hash), yet b's chain goes on from the same hashes.
-    cache_full_blocks(pool, b, tb.data(), 8);
-    CHECK_FALSE(b.chain_broken);
-    CHECK(b.num_hashed == 2);
-    CHECK(b.last_hash == chain_hash({A, B}, 4));
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(3).has_hash);
+    CHECK_FALSE(allocate_slots(pool, a, {}, 7));  // 4 blocks: 2 more, 1 free
+    CHECK(a.blocks == a_before);
+    CHECK(pool.num_free_blocks() == 1);
+    CHECK(walk_free_list(pool) == free_before);
+    CHECK(consistent(pool, {&a, &b}) == "");
+
+    CHECK_FALSE(allocate_slots(pool, b, {}, 6));  // 3 blocks: 2 more, 1 free
+    CHECK(b.blocks.size() == 1u);
+    CHECK(pool.num_free_blocks() == 1);
+
+    CHECK(allocate_slots(pool, a, {}, 5));  // 3 blocks: the one that is free
+    CHECK(a.blocks.size() == 3u);
+    CHECK(pool.num_free_blocks() == 0);
+    CHECK(consistent(pool, {&a, &b}) == "");
+}
+
+TEST_CASE("prefix hits come first") {
+    BlockPool pool(8, 2, true);
+    BlockTable owner;
+    REQUIRE(allocate_slots(pool, owner, {}, 6));  // blocks 0, 1, 2
+    const Ids toks{5, 6, 7, 8, 9, 10, 11, 12};
+    const std::vector<uint64_t> h = cache_chain(pool, {0, 1}, toks);
+
+    BlockTable t;
+    REQUIRE(allocate_slots(pool, t, {0, 1}, 7));  // 4 blocks: 2 hits + 2 new
+    REQUIRE(t.blocks.size() == 4u);
+    CHECK(t.blocks[0] == 0);
+    CHECK(t.blocks[1] == 1);
+    CHECK(t.blocks[2] == 3);  // then the free list's head
+    CHECK(t.blocks[3] == 4);
+    CHECK(pool.block(0).ref_cnt == 2);
+    CHECK(pool.block(1).ref_cnt == 2);
+    CHECK(pool.prefix_index().entry(1).block_hash == h[1]);  // the hits keep their names
+    CHECK(h[1] == hash_block_tokens(hash_block_tokens(kRootHash, toks.data(), 2, ~0ull), toks.data() + 2, 2, ~0ull));
+    CHECK_FALSE(pool.prefix_index().registered(3));  // new blocks start unregistered
+    CHECK_FALSE(pool.prefix_index().registered(4));
+    CHECK(pool.num_free_blocks() == 3);
+    CHECK(consistent(pool, {&owner, &t}) == "");
+
+    // Growing later is ordinary growth: hits only for an empty table.
+    REQUIRE(allocate_slots(pool, t, {}, 9));
+    CHECK(t.blocks.size() == 5u);
+    CHECK(t.blocks[4] == 5);
+    CHECK(pool.prefix_index().cached(0));
+    CHECK(pool.prefix_index().cached(1));
+}
+
+TEST_CASE("hits sitting in the free list count against capacity") {
+    BlockPool pool(3, 4, true);
+    const Ids toks = run_of(70, 13);
+    {
+        BlockTable first;
+        REQUIRE(allocate_slots(pool, first, {}, 8));  // blocks 0, 1
+        cache_chain(pool, first.blocks, toks);
+        pool.release({1, 0});  // free, still cached
+    }
+    REQUIRE(pool.num_free_blocks() == 3);
+    const Ids free_before = walk_free_list(pool);  // 2, 1, 0
+
+    BlockTable t;
+    CHECK_FALSE(allocate_slots(pool, t, {0, 1}, 13));  // 2 free hits + 2 new > 3 free
+    CHECK(t.blocks.empty());
+    CHECK(pool.num_free_blocks() == 3);
+    CHECK(walk_free_list(pool) == free_before);
+    CHECK(pool.block(0).ref_cnt == 0);
+    CHECK(pool.block(1).ref_cnt == 0);
+    CHECK(pool.prefix_index().num_cached_blocks() == 2u);  // nothing evicted either
+
+    CHECK(allocate_slots(pool, t, {0, 1}, 12));  // 2 free hits + 1 new = 3
+    CHECK(t.blocks == Ids{0, 1, 2});
+    CHECK(pool.num_free_blocks() == 0);
     CHECK(pool.prefix_index().num_cached_blocks() == 2u);
-
-    // Its third block is new: registered, as the child of [A, B].
-    cache_full_blocks(pool, b, tb.data(), 12);
-    CHECK(b.num_hashed == 3);
-    CHECK(pool.prefix_index().entry(4).has_hash);
-    CHECK(pool.prefix_index().entry(4).parent_hash == chain_hash({A, B}, 4));
-    CHECK(pool.prefix_index().entry(4).block_hash == chain_hash({A, B, X}, 4));
-    CHECK(hits_of(pool, tb) == Ids{0, 1, 4});
+    CHECK(consistent(pool, {&t}) == "");
 }
 
-TEST_CASE("a hash collision breaks the chain for good") {
+TEST_CASE("hits on held blocks cost no free block") {
+    BlockPool pool(3, 4, true);
+    const Ids toks = run_of(30, 9);
+    BlockTable owner;
+    REQUIRE(allocate_slots(pool, owner, {}, 8));  // blocks 0, 1: held
+    cache_chain(pool, owner.blocks, toks);
+    REQUIRE(pool.num_free_blocks() == 1);
+
+    BlockTable t;
+    CHECK(allocate_slots(pool, t, {0, 1}, 9));  // 2 shared hits + 1 new = the 1 free block
+    CHECK(t.blocks == Ids{0, 1, 2});
+    CHECK(pool.block(0).ref_cnt == 2);
+    CHECK(pool.block(1).ref_cnt == 2);
+    CHECK(pool.num_free_blocks() == 0);
+    CHECK(consistent(pool, {&owner, &t}) == "");
+
+    BlockTable u;
+    CHECK_FALSE(allocate_slots(pool, u, {0, 1}, 9));  // now nothing is free
+    CHECK(u.blocks.empty());
+    CHECK(pool.block(0).ref_cnt == 2);
+    CHECK(consistent(pool, {&owner, &t}) == "");
+}
+
+TEST_CASE("free blocks returns the last logical block first") {
+    // Uncached: the blocks head the free list, the table's last block first.
+    BlockPool pool(7, 4, false);
+    set_free_order(pool, {5, 2, 6, 0, 3, 1, 4});
+    BlockTable t;
+    REQUIRE(allocate_slots(pool, t, {}, 12));
+    REQUIRE(t.blocks == Ids{5, 2, 6});
+    free_blocks(pool, t);
+    CHECK(walk_free_list(pool) == Ids{6, 2, 5, 0, 3, 1, 4});
+    Ids next;
+    REQUIRE(pool.allocate(1, next));
+    CHECK(next == Ids{6});
+
+    // Cached: they join the tail, last block first, so the first block of
+    // the table (the one others share) is evicted last.
+    BlockPool pc(6, 2, true);
+    set_free_order(pc, {3, 0, 4, 1, 5, 2});
+    BlockTable c;
+    REQUIRE(allocate_slots(pc, c, {}, 6));
+    REQUIRE(c.blocks == Ids{3, 0, 4});
+    cache_chain(pc, c.blocks, run_of(1, 6));
+    free_blocks(pc, c);
+    CHECK(walk_free_list(pc) == Ids{1, 5, 2, 4, 0, 3});
+    CHECK(consistent(pc, {}) == "");
+}
+
+TEST_CASE("free blocks empties the table for reuse") {
     BlockPool pool(6, 2, true);
-    pool.prefix_index().hash_mask = 0;  // every block hashes to 0
-    BlockTable a, b;
-    REQUIRE(pool.allocate(1, a.blocks));  // 0
-    REQUIRE(pool.allocate(2, b.blocks));  // 1, 2
-    const Ids ta{1, 2, 9}, tb{3, 4, 5, 6};
-    cache_full_blocks(pool, a, ta.data(), 2);
-    REQUIRE(pool.prefix_index().entry(0).has_hash);
-    REQUIRE(pool.prefix_index().entry(0).block_hash == 0u);
+    BlockTable owner;
+    REQUIRE(allocate_slots(pool, owner, {}, 4));  // blocks 0, 1
+    const std::vector<uint64_t> h = cache_chain(pool, owner.blocks, {1, 2, 3, 4});
+    BlockTable t;
+    REQUIRE(allocate_slots(pool, t, {0, 1}, 7));  // shares 0, 1; adds 2, 3
 
-    // b's first block hashes to 0 too, with other tokens: a collision.
-    cache_full_blocks(pool, b, tb.data(), 4);
-    CHECK(b.chain_broken);
-    CHECK(b.num_hashed == 0);
-    CHECK(b.last_hash == kRootHash);
-    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK(pool.prefix_index().num_cached_blocks() == 1u);
-    CHECK(hits_of(pool, Ids{3, 4, 5}).empty());  // and no lookup returns a's block for it
-    CHECK(hits_of(pool, Ids{1, 2, 5}) == Ids{0});
+    free_blocks(pool, t);
+    CHECK(t.blocks.empty());
+    CHECK(pool.prefix_index().entry(1).block_hash == h[1]);  // the owner's names stay
+    CHECK(pool.block(0).ref_cnt == 1);  // still the owner's
+    CHECK(pool.block(1).ref_cnt == 1);
+    CHECK(pool.num_free_blocks() == 4);
+    CHECK(consistent(pool, {&owner}) == "");
 
-    // Evict a's block: hash 0 is free again. b stays broken all the same.
-    pool.release(a.blocks);
-    a.blocks.clear();
-    Ids all;
-    REQUIRE(pool.allocate(pool.num_free_blocks(), all));
-    REQUIRE(pool.prefix_index().num_cached_blocks() == 0u);
-    cache_full_blocks(pool, b, tb.data(), 4);
-    CHECK(b.chain_broken);
-    CHECK(b.num_hashed == 0);
-    CHECK_FALSE(pool.prefix_index().entry(1).has_hash);
-    CHECK_FALSE(pool.prefix_index().entry(2).has_hash);
-    CHECK(pool.prefix_index().num_cached_blocks() == 0u);
+    // The emptied table grows again like a new one.
+    REQUIRE(allocate_slots(pool, t, {}, 2));
+    CHECK(t.blocks.size() == 1u);
+    free_blocks(pool, t);
+    free_blocks(pool, owner);
+    CHECK(pool.num_free_blocks() == 6);
+    CHECK(consistent(pool, {}) == "");
 }

@@ -1,41 +1,42 @@
-// tests/exercises/ex04.cpp -- grades exercise 4, "block table growth"
-// (block_pool.hpp: allocate_slots and free_blocks).
+// tests/exercises/ex04.cpp -- grades exercise 4, "admission and the
+// full-sequence gate" (scheduler.hpp: Scheduler::try_admit). TUTORIAL
+// chapter 2.
 //
-// Prefix-cache hits are made by hand here (BlockPool::cache_block under
-// hashes computed with hash_block_tokens), so no check depends on
-// find_cached_prefix or cache_full_blocks.
+// Every check drives a Scheduler over a small BlockPool directly and plays
+// the engine's part itself (complete() in check_util.hpp: mark the scheduled
+// tokens computed, append a token to whoever reached the end of its sequence,
+// finish at max_tokens or max_model_len). The expected block counts are
+// worked out in the comments.
 //
-// The checks, and what each one proves:
-//   - "a table grows by whole blocks only when it must": growing to 1, 4, 5,
-//     8, 9 and 13 tokens (block size 4) adds a block exactly when the token
-//     count passes a multiple of 4, taken from the head of the free list; a
-//     smaller request keeps the table as it is.
-//   - "a table that cannot grow is left as it was": asking for two blocks
-//     more when one is free fails and changes neither the table nor the pool.
-//   - "prefix hits come first and continue the hash chain": a new table
-//     starts with its hits (taking a reference on each), then new blocks;
-//     num_hashed and last_hash name the last hit, so the next registration
-//     chains from it.
-//   - "hits sitting in the free list count against capacity": two free hits
-//     plus two new blocks do not fit in three free blocks (nothing changes,
-//     the hits stay free and cached); two hits plus one new block do.
-//   - "hits on held blocks cost no free block": the same request succeeds
-//     with a single free block when the hits are held by another table.
-//   - "free blocks returns the last logical block first": after free_blocks
-//     on an uncached table its blocks head the free list tail block first;
-//     with every block cached they join the tail, tail block first, so the
-//     table's first block is evicted last.
-//   - "free blocks empties the table for reuse": the table is back to an
-//     empty one (no blocks, num_hashed 0, the root hash, not broken), and
-//     every block goes back exactly once, shared ones keeping their other
-//     holder.
+// try_admit runs with the full-sequence gate on and off, prefix caching off
+// and on (no hit, hits on held blocks, hits on free blocks), for new and
+// resumed requests, under a budget that cuts the chunk or not, and with the
+// card's admission answer or a policy's other answer (scheduler.hpp's seam:
+// reserve more, keep blocks free). The policy's answers come from
+// CheckPolicy (check_util.hpp), a policy of the checks' own: no lab/ code.
+// lab/policies.hpp's reservation and watermark are the lab's exercise 13.
+//
+//   - a new prompt gets a chunk capped by the step's token budget, and only
+//     that chunk's blocks are allocated (bet admission);
+//   - the full-sequence gate: with full_sequence_must_fit a prompt waits until
+//     its whole sequence fits, without it a first chunk is enough;
+//   - the gate counts a preempted request's outputs, not just its prompt;
+//   - a resumed request looks up its whole sequence, outputs included, so
+//     the prefix-cache queries grow by all its tokens (vLLM's count);
+//   - prefix-cache hits on blocks a running request holds skip their tokens
+//     (num_computed_tokens, the chunk, the stats) and cost no free capacity;
+//   - the policy is shown the card's answer (what must fit, what to
+//     allocate, nothing kept free) and its own answer is obeyed: more to
+//     hold, more to allocate (but only the chunk is scheduled), blocks kept
+//     free;
+//   - hits on blocks that sit in the free list cost free capacity at the gate
+//     (the whole sequence must fit with them), and next to the blocks a
+//     policy keeps free.
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/block_pool.hpp"
-#include "core/block_pool_check.hpp"
-#include "core/prefix_cache.hpp"
+#include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
 // doctest last, after every header with an exercise region (main.cpp says why).
@@ -46,224 +47,330 @@ using namespace pkv_check;
 
 namespace {
 
-std::string consistent(const BlockPool& pool, std::vector<const BlockTable*> tables) {
-    std::vector<const Ids*> lists;
-    for (const BlockTable* t : tables) lists.push_back(&t->blocks);
-    return check_invariants(pool, lists);
+SchedulerConfig config(int max_model_len, int budget = 256) {
+    SchedulerConfig c;
+    c.max_model_len = max_model_len;
+    c.max_num_batched_tokens = budget;
+    return c;
 }
 
-// Hold all blocks, then release them in `order`: the free list becomes
-// exactly `order` (uncached blocks go to the head in the order given).
-void set_free_order(BlockPool& pool, const Ids& order) {
-    Ids all;
-    REQUIRE(pool.allocate(pool.num_blocks(), all));
-    pool.release(order);
-    REQUIRE(walk_free_list(pool) == order);
-}
-
-// Blocks `ids` (held by the caller) become the cached chain of `toks`, one
-// block of tokens each. Returns the chained hash of each block.
-std::vector<uint64_t> cache_chain(BlockPool& pool, const Ids& ids, const Ids& toks) {
-    const int bs = pool.block_size();
-    std::vector<uint64_t> hashes;
-    uint64_t parent = kRootHash;
-    for (size_t i = 0; i < ids.size(); ++i) {
-        const int32_t* t = toks.data() + i * (size_t)bs;
-        const uint64_t h = hash_block_tokens(parent, t, bs, pool.prefix_index().hash_mask);
-        pool.prefix_index().cache_block(ids[i], h, parent, t);
-        REQUIRE(pool.prefix_index().entry(ids[i]).has_hash);
-        hashes.push_back(h);
-        parent = h;
-    }
-    return hashes;
+int scheduled_tokens(const SchedulerOutput& out, const Request* r) {
+    for (const ScheduledRequest& sr : out.scheduled)
+        if (sr.req == r) return sr.num_new_tokens;
+    return 0;
 }
 
 }  // namespace
 
-TEST_CASE("a table grows by whole blocks only when it must") {
-    BlockPool pool(8, 4, false);
-    set_free_order(pool, {6, 2, 7, 0, 5, 1, 3, 4});
-    BlockTable t;
-    const int tokens[] = {1, 4, 5, 8, 9, 13, 3, 0};
-    const size_t want_blocks[] = {1, 1, 2, 2, 3, 4, 4, 4};
-    for (int i = 0; i < 8; ++i) {
-        CAPTURE(tokens[i]);
-        REQUIRE(allocate_slots(pool, t, {}, tokens[i]));
-        CHECK(t.blocks.size() == want_blocks[i]);
-        CHECK(pool.num_free_blocks() == 8 - (int)want_blocks[i]);
-    }
-    CHECK(t.blocks == Ids{6, 2, 7, 0});  // in free-list order
-    CHECK(t.num_hashed == 0);
-    for (int32_t b : t.blocks) CHECK(pool.block(b).ref_cnt == 1);
-    CHECK(consistent(pool, {&t}) == "");
+// Budget 10: A (6 tokens) takes 6, B (9 tokens) gets the 4 that are left.
+// The gate checks B's whole prompt (3 blocks) but allocates only its chunk
+// (1 block); C gets nothing in a step whose budget is spent.
+TEST_CASE("a new prompt gets a chunk capped by the budget and only its blocks") {
+    BlockPool pool(16, 4, true);  // caching on: queries are counted, nothing is hit
+    Scheduler s(config(64, 10), pool);
+    Request* a = s.add_request(run_of(10, 6), tokens(4), 0);
+    Request* b = s.add_request(run_of(20, 9), tokens(4), 0);
+    Request* c = s.add_request(run_of(30, 3), tokens(4), 0);
+    const SchedulerOutput out = s.schedule();
+    REQUIRE(out.scheduled.size() == 2);
+    CHECK(scheduled_tokens(out, a) == 6);
+    CHECK(scheduled_tokens(out, b) == 4);
+    CHECK(out.total_num_scheduled_tokens == 10);
+    CHECK(a->block_table.blocks.size() == 2);
+    CHECK(b->block_table.blocks.size() == 1);  // the chunk's block, not the whole prompt's 3
+    CHECK(a->num_computed_tokens == 0);
+    CHECK(b->num_computed_tokens == 0);
+    CHECK(c->state == RequestState::kWaiting);
+    CHECK(c->block_table.blocks.empty());
+    CHECK(pool.num_free_blocks() == 13);
+    CHECK(s.stats().prefix_cache_queries == 6 + 9);
+    CHECK(s.stats().prefix_cache_hits == 0);
+    CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("a table that cannot grow is left as it was") {
-    BlockPool pool(4, 2, false);
-    BlockTable a, b;
-    REQUIRE(allocate_slots(pool, a, {}, 3));  // 2 blocks
-    REQUIRE(allocate_slots(pool, b, {}, 1));  // 1 block
+// 4 blocks of 4, budget 9. A (8 tokens, 2 blocks) runs; B (12 tokens) would
+// get a 1-token chunk (1 block, and 2 are free) but its whole prompt needs 3.
+TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffices without it") {
+    for (bool gate : {true, false}) {
+        CAPTURE(gate);
+        BlockPool pool(4, 4, true);  // caching on: queries are counted, nothing is hit
+        SchedulerConfig cfg = config(16, 9);
+        cfg.full_sequence_must_fit = gate;
+        Scheduler s(cfg, pool);
+        Request* a = s.add_request(run_of(10, 8), tokens(1), 0);
+        Request* b = s.add_request(run_of(30, 12), tokens(2), 0);
+        SchedulerOutput out = s.schedule();
+        CHECK(scheduled_tokens(out, a) == 8);
+        if (gate) {
+            CHECK(out.scheduled.size() == 1);
+            CHECK(b->state == RequestState::kWaiting);
+            CHECK(b->block_table.blocks.empty());
+            CHECK(pool.num_free_blocks() == 2);
+            CHECK(s.stats().prefix_cache_queries == 8);  // B was not admitted: not counted
+            // A finishes and frees its blocks: now B's 12 tokens fit, and it
+            // starts with a full 9-token chunk (3 blocks).
+            complete(s, out);
+            REQUIRE(a->finished());
+            out = s.schedule();
+            CHECK(b->state == RequestState::kRunning);
+            CHECK(scheduled_tokens(out, b) == 9);
+            CHECK(b->block_table.blocks.size() == 3);
+            CHECK(pool.num_free_blocks() == 1);
+        } else {
+            CHECK(out.scheduled.size() == 2);
+            CHECK(b->state == RequestState::kRunning);
+            CHECK(scheduled_tokens(out, b) == 1);
+            CHECK(b->block_table.blocks.size() == 1);
+            CHECK(pool.num_free_blocks() == 1);
+            CHECK(s.stats().prefix_cache_queries == 8 + 12);
+        }
+        CHECK(consistent(s, pool) == "");
+    }
+}
+
+// 4 blocks of 4, budget 5. A and B (4-token prompts) grow side by side until
+// A needs a third block and preempts B, which then waits with 8 tokens (its
+// prompt and 4 outputs) and nothing computed. One block is free: enough for a
+// 4-token chunk, and for B's prompt alone, but not for B's whole sequence.
+TEST_CASE("a preempted request must fit with its outputs") {
+    BlockPool pool(4, 4, false);
+    Scheduler s(config(16, 5), pool);
+    Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
+    Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(out.scheduled.size() == 2);
+    for (int guard = 0; b->num_preemptions == 0; ++guard) {
+        REQUIRE(guard < 20);
+        complete(s, out);
+        out = s.schedule();
+    }
+    REQUIRE(b->state == RequestState::kPreempted);
+    REQUIRE(b->num_tokens() == 8);
+    REQUIRE(b->num_computed_tokens == 0);
     REQUIRE(pool.num_free_blocks() == 1);
-    const Ids a_before = a.blocks, free_before = walk_free_list(pool);
-
-    CHECK_FALSE(allocate_slots(pool, a, {}, 7));  // 4 blocks: 2 more, 1 free
-    CHECK(a.blocks == a_before);
-    CHECK(pool.num_free_blocks() == 1);
-    CHECK(walk_free_list(pool) == free_before);
-    CHECK(consistent(pool, {&a, &b}) == "");
-
-    CHECK_FALSE(allocate_slots(pool, b, {}, 6));  // 3 blocks: 2 more, 1 free
-    CHECK(b.blocks.size() == 1u);
-    CHECK(pool.num_free_blocks() == 1);
-
-    CHECK(allocate_slots(pool, a, {}, 5));  // 3 blocks: the one that is free
-    CHECK(a.blocks.size() == 3u);
-    CHECK(pool.num_free_blocks() == 0);
-    CHECK(consistent(pool, {&a, &b}) == "");
-}
-
-TEST_CASE("prefix hits come first and continue the hash chain") {
-    BlockPool pool(8, 2, true);
-    BlockTable owner;
-    REQUIRE(allocate_slots(pool, owner, {}, 6));  // blocks 0, 1, 2
-    const Ids toks{5, 6, 7, 8, 9, 10, 11, 12};
-    const std::vector<uint64_t> h = cache_chain(pool, {0, 1}, toks);
-
-    BlockTable t;
-    REQUIRE(allocate_slots(pool, t, {0, 1}, 7));  // 4 blocks: 2 hits + 2 new
-    REQUIRE(t.blocks.size() == 4u);
-    CHECK(t.blocks[0] == 0);
-    CHECK(t.blocks[1] == 1);
-    CHECK(t.blocks[2] == 3);  // then the free list's head
-    CHECK(t.blocks[3] == 4);
-    CHECK(pool.block(0).ref_cnt == 2);
-    CHECK(pool.block(1).ref_cnt == 2);
-    CHECK(t.num_hashed == 2);
-    CHECK(t.last_hash == h[1]);
-    CHECK(t.last_hash == hash_block_tokens(hash_block_tokens(kRootHash, toks.data(), 2, ~0ull), toks.data() + 2, 2, ~0ull));
-    CHECK_FALSE(t.chain_broken);
-    CHECK(pool.num_free_blocks() == 3);
-    CHECK(consistent(pool, {&owner, &t}) == "");
-
-    // Growing later is ordinary growth: hits only for an empty table.
-    REQUIRE(allocate_slots(pool, t, {}, 9));
-    CHECK(t.blocks.size() == 5u);
-    CHECK(t.num_hashed == 2);
-    CHECK(t.last_hash == h[1]);
-
-    // With no hits the chain starts at the root.
-    BlockTable fresh;
-    REQUIRE(allocate_slots(pool, fresh, {}, 1));
-    CHECK(fresh.num_hashed == 0);
-    CHECK(fresh.last_hash == kRootHash);
-}
-
-TEST_CASE("hits sitting in the free list count against capacity") {
-    BlockPool pool(3, 4, true);
-    const Ids toks = run_of(70, 13);
-    {
-        BlockTable first;
-        REQUIRE(allocate_slots(pool, first, {}, 8));  // blocks 0, 1
-        cache_chain(pool, first.blocks, toks);
-        pool.release({1, 0});  // free, still cached
+    // The next steps: A decodes into its third block, B stays out.
+    for (int step = 0; step < 3; ++step) {
+        complete(s, out);
+        out = s.schedule();
+        CAPTURE(step);
+        CHECK(b->state == RequestState::kPreempted);
+        CHECK(b->block_table.blocks.empty());
+        CHECK(scheduled_tokens(out, b) == 0);
+        CHECK(pool.num_free_blocks() == 1);
     }
+    // Once A is done B comes back, its whole sequence to recompute.
+    for (int guard = 0; !a->finished(); ++guard) {
+        REQUIRE(guard < 20);
+        complete(s, out);
+        out = s.schedule();
+    }
+    CHECK(b->state == RequestState::kRunning);
+    CHECK(scheduled_tokens(out, b) == 5);
+    CHECK(consistent(s, pool) == "");
+}
+
+// Prefix caching on, otherwise the situation of the check above: B is
+// preempted with 8 tokens (its 4-token prompt and 4 outputs) and comes back
+// once A is done. Both prompts were queries when they were admitted (8
+// tokens); B's return looks up its whole sequence, so 8 more -- not only its
+// 4 prompt tokens. A request that is not admitted is not a query.
+TEST_CASE("a resumed request looks up its whole sequence in the prefix cache") {
+    BlockPool pool(4, 4, true);
+    Scheduler s(config(16, 5), pool);
+    Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
+    Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(out.scheduled.size() == 2);
+    CHECK(s.stats().prefix_cache_queries == 8);
+    for (int guard = 0; b->num_preemptions == 0; ++guard) {
+        REQUIRE(guard < 20);
+        complete(s, out);
+        out = s.schedule();
+    }
+    REQUIRE(b->num_tokens() == 8);
+    CHECK(s.stats().prefix_cache_queries == 8);
+    for (int guard = 0; b->state != RequestState::kRunning; ++guard) {
+        REQUIRE(guard < 40);
+        complete(s, out);
+        out = s.schedule();
+    }
+    CHECK(a->finished());
+    CHECK(b->num_tokens() == 8);
+    CHECK(s.stats().prefix_cache_queries == 8 + 8);
+    CHECK(s.stats().prefix_cache_hits <= 4);  // at most its first block: never the last token's
+    CHECK(consistent(s, pool) == "");
+}
+
+
+
+
+// Prefix caching, 8 blocks of 4. A (17 tokens, 5 blocks) is computed: its 4
+// full blocks are cached and A keeps holding them while it decodes. B shares
+// A's first 16 tokens and adds 12: 28 tokens, 7 blocks, 4 of them hits. Its
+// 3 new blocks are exactly the 3 free ones (hits on held blocks are free of
+// charge), it computes only the 12 tokens after the hits, and the stats
+// count every token looked up and the 16 served.
+TEST_CASE("prefix hits on held blocks skip their tokens and cost no free block") {
+    BlockPool pool(8, 4, true);
+    Scheduler s(config(32), pool);
+    Request* a = s.add_request(run_of(3, 17), tokens(10), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(scheduled_tokens(out, a) == 17);
+    complete(s, out);
     REQUIRE(pool.num_free_blocks() == 3);
-    const Ids free_before = walk_free_list(pool);  // 2, 1, 0
-
-    BlockTable t;
-    CHECK_FALSE(allocate_slots(pool, t, {0, 1}, 13));  // 2 free hits + 2 new > 3 free
-    CHECK(t.blocks.empty());
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-    CHECK(pool.num_free_blocks() == 3);
-    CHECK(walk_free_list(pool) == free_before);
-    CHECK(pool.block(0).ref_cnt == 0);
-    CHECK(pool.block(1).ref_cnt == 0);
-    CHECK(pool.prefix_index().num_cached_blocks() == 2u);  // nothing evicted either
-
-    CHECK(allocate_slots(pool, t, {0, 1}, 12));  // 2 free hits + 1 new = 3
-    CHECK(t.blocks == Ids{0, 1, 2});
-    CHECK(t.num_hashed == 2);
+    std::vector<int32_t> prompt = run_of(3, 16);
+    const std::vector<int32_t> tail = run_of(100, 12);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    Request* b = s.add_request(prompt, tokens(4), 0);
+    out = s.schedule();
+    CHECK(scheduled_tokens(out, a) == 1);
+    CHECK(b->state == RequestState::kRunning);
+    CHECK(scheduled_tokens(out, b) == 12);
+    CHECK(b->num_computed_tokens == 16);
+    REQUIRE(b->block_table.blocks.size() == 7);
+    for (int i = 0; i < 4; ++i) CHECK(b->block_table.blocks[i] == a->block_table.blocks[i]);
+    for (int i = 0; i < 4; ++i) CHECK(pool.block(a->block_table.blocks[i]).ref_cnt == 2);
     CHECK(pool.num_free_blocks() == 0);
-    CHECK(pool.prefix_index().num_cached_blocks() == 2u);
-    CHECK(consistent(pool, {&t}) == "");
+    CHECK(s.stats().prefix_cache_queries == 17 + 28);
+    CHECK(s.stats().prefix_cache_hits == 16);
+    CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("hits on held blocks cost no free block") {
-    BlockPool pool(3, 4, true);
-    const Ids toks = run_of(30, 9);
-    BlockTable owner;
-    REQUIRE(allocate_slots(pool, owner, {}, 8));  // blocks 0, 1: held
-    cache_chain(pool, owner.blocks, toks);
-    REQUIRE(pool.num_free_blocks() == 1);
 
-    BlockTable t;
-    CHECK(allocate_slots(pool, t, {0, 1}, 9));  // 2 shared hits + 1 new = the 1 free block
-    CHECK(t.blocks == Ids{0, 1, 2});
-    CHECK(pool.block(0).ref_cnt == 2);
-    CHECK(pool.block(1).ref_cnt == 2);
-    CHECK(pool.num_free_blocks() == 0);
-    CHECK(consistent(pool, {&owner, &t}) == "");
-
-    BlockTable u;
-    CHECK_FALSE(allocate_slots(pool, u, {0, 1}, 9));  // now nothing is free
-    CHECK(u.blocks.empty());
-    CHECK(pool.block(0).ref_cnt == 2);
-    CHECK(consistent(pool, {&owner, &t}) == "");
+// The card's answer, as the policy sees it, and the policy's answer obeyed.
+// Blocks of 4, budget 6. A lone A (10 tokens): with the gate the card must
+// hold 10 tokens, without it only its 6-token chunk; it allocates the chunk
+// and keeps nothing free. Then Z (4 tokens, decoding: 2 blocks, 6 free) runs
+// and A comes with answers other than the card's; its chunk is 5 tokens (the
+// budget after Z's decode), and the card's would hold 10 tokens (3 blocks)
+// and allocate 5 (2 blocks). Hold 28 tokens: 7 blocks > 6, A waits; hold 24:
+// 6 fit. Allocate 16 tokens: 4 blocks, but only the 5-token chunk is
+// scheduled. Keep 4 blocks free: 3 + 4 > 6, A waits; keep 3: it fits.
+TEST_CASE("the policy sees the card's answer and its own answer is obeyed") {
+    for (bool gate : {true, false}) {
+        CAPTURE(gate);
+        BlockPool pool(8, 4, false);
+        SchedulerConfig cfg = config(32, 6);
+        cfg.full_sequence_must_fit = gate;
+        use_check_policy(cfg, nullptr);
+        Scheduler s(cfg, pool);
+        s.add_request(run_of(10, 10), tokens(2), 0);
+        s.schedule();
+        const std::vector<SchedulerPolicy::Admit>& cards = check_policy(s).cards;
+        REQUIRE(cards.size() == 1u);
+        CHECK(cards[0].must_hold == (gate ? 10 : 6));
+        CHECK(cards[0].alloc_tokens == 6);
+        CHECK(cards[0].keep_free == 0);
+    }
+    struct Case {
+        std::string what;
+        SchedulerPolicy::Admit answer;
+        bool admitted;
+        size_t blocks;
+    };
+    const Case cases[] = {
+        {"the card's", {10, 5, 0}, true, 2},
+        {"hold 28 tokens", {28, 5, 0}, false, 0},
+        {"hold 24 tokens", {24, 5, 0}, true, 2},
+        {"allocate 16 tokens", {10, 16, 0}, true, 4},
+        {"keep 4 blocks free", {10, 5, 4}, false, 0},
+        {"keep 3 blocks free", {10, 5, 3}, true, 2},
+    };
+    for (const Case& k : cases) {
+        CAPTURE(k.what);
+        BlockPool pool(8, 4, false);
+        SchedulerConfig cfg = config(32, 6);
+        use_check_policy(cfg, [k](CheckPolicy& p) {
+            p.admit = [k](const Scheduler&, const Request& r, SchedulerPolicy::Admit card) {
+                return r.tokens[0] == 10 ? k.answer : card;  // A's answer; Z gets the card's
+            };
+        });
+        Scheduler s(cfg, pool);
+        Request* z = s.add_request(run_of(50, 4), tokens(20), 0);
+        complete(s, s.schedule());
+        Request* a = s.add_request(run_of(10, 10), tokens(2), 0);
+        const SchedulerOutput out = s.schedule();
+        REQUIRE(z->block_table.blocks.size() == 2u);
+        const std::vector<SchedulerPolicy::Admit>& cards = check_policy(s).cards;
+        REQUIRE(cards.size() == 2u);
+        CHECK(cards[1].must_hold == 10);
+        CHECK(cards[1].alloc_tokens == 5);
+        CHECK(cards[1].keep_free == 0);
+        CHECK((a->state == RequestState::kRunning) == k.admitted);
+        CHECK(scheduled_tokens(out, a) == (k.admitted ? 5 : 0));
+        CHECK(a->block_table.blocks.size() == k.blocks);
+        CHECK(a->num_computed_tokens == 0);
+        CHECK(pool.num_free_blocks() == 6 - (int)k.blocks);
+        CHECK(consistent(s, pool) == "");
+    }
 }
 
-TEST_CASE("free blocks returns the last logical block first") {
-    // Uncached: the blocks head the free list, the table's last block first.
-    BlockPool pool(7, 4, false);
-    set_free_order(pool, {5, 2, 6, 0, 3, 1, 4});
-    BlockTable t;
-    REQUIRE(allocate_slots(pool, t, {}, 12));
-    REQUIRE(t.blocks == Ids{5, 2, 6});
-    free_blocks(pool, t);
-    CHECK(walk_free_list(pool) == Ids{6, 2, 5, 0, 3, 1, 4});
-    Ids next;
-    REQUIRE(pool.allocate(1, next));
-    CHECK(next == Ids{6});
-
-    // Cached: they join the tail, last block first, so the first block of
-    // the table (the one others share) is evicted last.
-    BlockPool pc(6, 2, true);
-    set_free_order(pc, {3, 0, 4, 1, 5, 2});
-    BlockTable c;
-    REQUIRE(allocate_slots(pc, c, {}, 6));
-    REQUIRE(c.blocks == Ids{3, 0, 4});
-    cache_chain(pc, c.blocks, run_of(1, 6));
-    free_blocks(pc, c);
-    CHECK(walk_free_list(pc) == Ids{1, 5, 2, 4, 0, 3});
-    CHECK(consistent(pc, {}) == "");
-}
-
-TEST_CASE("free blocks empties the table for reuse") {
-    BlockPool pool(6, 2, true);
-    BlockTable owner;
-    REQUIRE(allocate_slots(pool, owner, {}, 4));  // blocks 0, 1
-    const std::vector<uint64_t> h = cache_chain(pool, owner.blocks, {1, 2, 3, 4});
-    BlockTable t;
-    REQUIRE(allocate_slots(pool, t, {0, 1}, 7));  // shares 0, 1; adds 2, 3
-    t.chain_broken = true;                        // as after a collision
-    REQUIRE(t.num_hashed == 2);
-    REQUIRE(t.last_hash == h[1]);
-
-    free_blocks(pool, t);
-    CHECK(t.blocks.empty());
-    CHECK(t.num_hashed == 0);
-    CHECK(t.last_hash == kRootHash);
-    CHECK_FALSE(t.chain_broken);
-    CHECK(pool.block(0).ref_cnt == 1);  // still the owner's
-    CHECK(pool.block(1).ref_cnt == 1);
-    CHECK(pool.num_free_blocks() == 4);
-    CHECK(consistent(pool, {&owner}) == "");
-
-    // The emptied table grows again like a new one.
-    REQUIRE(allocate_slots(pool, t, {}, 2));
-    CHECK(t.blocks.size() == 1u);
-    free_blocks(pool, t);
-    free_blocks(pool, owner);
-    CHECK(pool.num_free_blocks() == 6);
-    CHECK(consistent(pool, {}) == "");
+// Prefix caching, 12 blocks of 4, budget 5. Z computes 16 tokens and
+// finishes: its 4 cached blocks sit in the free list. A (19 tokens, 5
+// blocks) runs, leaving 7 free, Z's 4 among them. B = Z's 16 tokens + 16
+// more (32 tokens, 8 blocks) hits Z's 4. Its chunk is 4 tokens (the budget
+// after A's decode): 1 new block beside the 4 hits. With the gate, its whole
+// sequence must fit: 4 new blocks + the 4 hits taken off the free list = 8 >
+// 7, so B waits. Without the gate its chunk is enough: 1 + 4 <= 7, and it
+// runs, leaving 2 free. Then the same through a policy that keeps 3 blocks
+// free (no gate): 1 + 4 + 3 = 8 > 7, B waits; keeping 2, it runs.
+TEST_CASE("prefix hits on free blocks count against the full sequence gate") {
+    struct Case {
+        bool gate;
+        int64_t keep_free;  // < 0: the card's answer
+        bool admitted;
+    };
+    for (const Case& k : {Case{true, -1, false}, Case{false, -1, true}, Case{false, 3, false}, Case{false, 2, true}}) {
+        CAPTURE(k.gate);
+        CAPTURE(k.keep_free);
+        BlockPool pool(12, 4, true);
+        SchedulerConfig cfg = config(48, 5);
+        cfg.full_sequence_must_fit = k.gate;
+        if (k.keep_free >= 0)
+            use_check_policy(cfg, [k](CheckPolicy& p) {
+                p.admit = [k](const Scheduler& s, const Request&, SchedulerPolicy::Admit a) {
+                    if (!s.running().empty()) a.keep_free = k.keep_free;
+                    return a;
+                };
+            });
+        Scheduler s(cfg, pool);
+        Request* z = s.add_request(run_of(3, 16), tokens(1), 0);
+        for (int guard = 0; !z->finished(); ++guard) {
+            REQUIRE(guard < 10);
+            complete(s, s.schedule());
+        }
+        REQUIRE(pool.num_free_blocks() == 12);
+        Request* a = s.add_request(run_of(200, 19), tokens(8), 0);
+        for (int guard = 0; a->num_computed_tokens < 19; ++guard) {
+            REQUIRE(guard < 10);
+            complete(s, s.schedule());
+        }
+        REQUIRE(a->state == RequestState::kRunning);
+        REQUIRE(a->block_table.blocks.size() == 5u);
+        REQUIRE(pool.num_free_blocks() == 7);
+        std::vector<int32_t> prompt = run_of(3, 16);
+        const std::vector<int32_t> tail = run_of(300, 16);
+        prompt.insert(prompt.end(), tail.begin(), tail.end());
+        Request* b = s.add_request(prompt, tokens(4), 0);
+        const long queries = s.stats().prefix_cache_queries, hits = s.stats().prefix_cache_hits;
+        const SchedulerOutput out = s.schedule();
+        CHECK(scheduled_tokens(out, a) == 1);
+        if (!k.admitted) {
+            CHECK(b->state == RequestState::kWaiting);
+            CHECK(b->block_table.blocks.empty());
+            CHECK(b->num_computed_tokens == 0);
+            CHECK(pool.num_free_blocks() == 7);
+            CHECK(s.stats().prefix_cache_queries == queries);
+            CHECK(s.stats().prefix_cache_hits == hits);
+        } else {
+            CHECK(b->state == RequestState::kRunning);
+            CHECK(scheduled_tokens(out, b) == 4);
+            CHECK(b->num_computed_tokens == 16);
+            CHECK(b->block_table.blocks.size() == 5u);
+            CHECK(pool.num_free_blocks() == 2);
+            CHECK(s.stats().prefix_cache_queries == queries + 32);
+            CHECK(s.stats().prefix_cache_hits == hits + 16);
+        }
+        CHECK(consistent(s, pool) == "");
+    }
 }

@@ -1,12 +1,19 @@
 // tests/exercises/ex05.cpp -- grades exercise 5, "the running loop of
 // schedule()" (scheduler.hpp: the loop over running requests in
-// Scheduler::schedule() and Scheduler::pick_victim).
+// Scheduler::schedule()). TUTORIAL chapter 3.
 //
 // Each check drives a Scheduler over a small BlockPool and plays the engine's
 // part itself (complete() in check_util.hpp: mark the scheduled tokens
 // computed, append one output token to each request whose computation
 // reached its end). Requests are named by letter in the order they were
 // added: A, B, C, ...
+//
+// The loop runs under every answer scheduler.hpp's seam can give: the card's
+// (the newest victim, recomputed), a victim that stands before the cursor
+// (scheduled already), and a victim the policy takes over instead of having
+// it recomputed (what a swap does). The checks give those answers with
+// CheckPolicy (check_util.hpp), a policy of their own: no lab/ code. Which
+// victim lab/policies.hpp's LabPolicy picks is the lab's exercise 11.
 //
 // The "victim" checks share one situation (block size 2, 5 blocks): A and B
 // run from step 1, C joins at step 3, so at step 5 A and B have 4 output
@@ -22,20 +29,22 @@
 //   - "the newest running request is the default victim": at step 5 A's
 //     growth preempts C (the newest), then B cannot grow and, now the newest,
 //     preempts itself: only A runs.
-//   - "victim oldest preempts the front of the running queue": A is the
-//     oldest, so A preempts itself, and the loop goes on with B and C, which
-//     grow into A's blocks (a cursor that skips ahead would miss B).
-//   - "victim fair preempts the request furthest ahead": A and B tie with the
-//     most output tokens and the tie goes to the newer, B; A and C then run.
+//   - "a victim at the front of the running queue: the rest go on": with a
+//     policy that picks the oldest, A preempts itself, and the loop goes on
+//     with B and C, which grow into A's blocks (a cursor that skips ahead
+//     would miss B).
 //   - "a victim before the cursor does not make the loop skip anyone": with
-//     kOldest, later requests preempt earlier ones that were already
-//     scheduled in the same step; those leave the step, and every request
-//     still running is served exactly once.
+//     the oldest as victim, later requests preempt earlier ones that were
+//     already scheduled in the same step; those leave the step, and every
+//     request still running is served exactly once.
+//   - "victims a policy takes over leave the loop as recompute victims do":
+//     the situations above again, with a policy that takes each victim over
+//     (frees its blocks itself and holds it): the same requests are
+//     preempted and scheduled, and no victim is put in the waiting queue.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "lab/policies.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
@@ -47,10 +56,15 @@ using namespace pkv_check;
 
 namespace {
 
-SchedulerConfig config(int max_model_len, Victim victim = Victim::kNewest) {
+// The card's config, or (pick_front, take_over) answers from a CheckPolicy.
+SchedulerConfig config(int max_model_len, bool pick_front = false, bool take_over = false) {
     SchedulerConfig c;
     c.max_model_len = max_model_len;
-    use_policy(c, {.victim = victim});
+    if (pick_front || take_over)
+        use_check_policy(c, [pick_front, take_over](CheckPolicy& p) {
+            p.pick_front = pick_front;
+            p.take_over = take_over;
+        });
     return c;
 }
 
@@ -149,7 +163,7 @@ TEST_CASE("a running prefill is cut to what is left of the budget") {
 
 TEST_CASE("the newest running request is the default victim") {
     BlockPool pool(5, 2, false);
-    Scheduler s(config(10), pool);  // Victim::kNewest by default
+    Scheduler s(config(10), pool);  // the card's: the newest is the victim
     const SchedulerOutput out = victim_step(s, pool);
     CHECK(names(out.preempted) == "CB");
     CHECK(names(out.scheduled) == "A");
@@ -162,9 +176,9 @@ TEST_CASE("the newest running request is the default victim") {
     CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("victim oldest preempts the front of the running queue") {
+TEST_CASE("a victim at the front of the running queue: the rest go on") {
     BlockPool pool(5, 2, false);
-    Scheduler s(config(10, Victim::kOldest), pool);
+    Scheduler s(config(10, true), pool);  // the oldest is the victim
     const SchedulerOutput out = victim_step(s, pool);
     CHECK(names(out.preempted) == "A");
     CHECK(names(out.scheduled) == "BC");
@@ -177,26 +191,11 @@ TEST_CASE("victim oldest preempts the front of the running queue") {
     CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("victim fair preempts the request furthest ahead") {
-    BlockPool pool(5, 2, false);
-    Scheduler s(config(10, Victim::kFair), pool);
-    const SchedulerOutput out = victim_step(s, pool);
-    CHECK(names(out.preempted) == "B");  // 4 outputs like A, and newer
-    CHECK(names(out.scheduled) == "AC");
-    CHECK(counts(out.scheduled) == "1,1");
-    CHECK(names(s.running()) == "AC");
-    CHECK(s.request(0)->block_table.blocks.size() == 3u);
-    CHECK(s.request(1)->block_table.blocks.empty());
-    CHECK(s.request(2)->block_table.blocks.size() == 2u);
-    CHECK(pool.num_free_blocks() == 0);
-    CHECK(consistent(s, pool) == "");
-}
-
 TEST_CASE("a victim before the cursor does not make the loop skip anyone") {
     // Block size 2, 4 blocks, one each: A and B decode inside their block,
     // C and D need a second one.
     BlockPool pool(4, 2, false);
-    Scheduler s(config(8, Victim::kOldest), pool);
+    Scheduler s(config(8, true), pool);  // the oldest is the victim
     s.add_request({1}, tokens(6), 0);
     s.add_request({2}, tokens(6), 0);
     s.add_request({3, 4}, tokens(6), 0);
@@ -217,5 +216,43 @@ TEST_CASE("a victim before the cursor does not make the loop skip anyone") {
     CHECK(s.request(2)->block_table.blocks.size() == 2u);
     CHECK(s.request(3)->block_table.blocks.size() == 2u);
     CHECK(pool.num_free_blocks() == 0);
+    CHECK(consistent(s, pool) == "");
+}
+
+// The situations of the victim checks above, with a policy that takes each
+// victim over: the loop cannot tell, the same requests are preempted and
+// scheduled, and none of them goes to the waiting queue (the policy holds
+// them, the newest victim first).
+TEST_CASE("victims a policy takes over leave the loop as recompute victims do") {
+    for (bool front : {false, true}) {
+        CAPTURE(front);
+        BlockPool pool(5, 2, false);
+        Scheduler s(config(10, front, true), pool);
+        const SchedulerOutput out = victim_step(s, pool);
+        CHECK(names(out.preempted) == (front ? "A" : "CB"));
+        CHECK(names(out.scheduled) == (front ? "BC" : "A"));
+        CHECK(counts(out.scheduled) == (front ? "1,1" : "1"));
+        CHECK(names(s.running()) == (front ? "BC" : "A"));
+        CHECK(names_held(s) == (front ? "A" : "BC"));
+        CHECK(s.waiting().empty());
+        CHECK(pool.num_free_blocks() == (front ? 0 : 2));
+        CHECK(consistent(s, pool) == "");
+    }
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(8, true, true), pool);
+    s.add_request({1}, tokens(6), 0);
+    s.add_request({2}, tokens(6), 0);
+    s.add_request({3, 4}, tokens(6), 0);
+    s.add_request({5, 6}, tokens(6), 0);
+    SchedulerOutput out = s.schedule();
+    REQUIRE(names(out.scheduled) == "ABCD");
+    complete(s, out);
+    out = s.schedule();
+    CHECK(names(out.preempted) == "AB");
+    CHECK(names(out.scheduled) == "CD");
+    CHECK(out.total_num_scheduled_tokens == 2);
+    CHECK(names(s.running()) == "CD");
+    CHECK(names_held(s) == "BA");
+    CHECK(s.waiting().empty());
     CHECK(consistent(s, pool) == "");
 }

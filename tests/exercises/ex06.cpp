@@ -1,11 +1,19 @@
-// tests/exercises/ex06.cpp -- grades exercise 6, "preempt(), by recompute and
-// by swap" (scheduler.hpp: Scheduler::preempt).
+// tests/exercises/ex06.cpp -- grades exercise 6, "preempt(): free, forget,
+// requeue" (scheduler.hpp: Scheduler::preempt). TUTORIAL chapter 3.
 //
 // Each check drives a Scheduler over a small BlockPool and plays the engine's
 // part itself (complete() in check_util.hpp: mark the scheduled tokens
 // computed, append one output token to each request whose computation
 // reached its end). Requests are named by letter in the order they were
 // added: A, B, C, ...
+//
+// preempt() runs under every answer scheduler.hpp's seam can give: the card's
+// (the newest victim, recomputed), a victim scheduled earlier in the step
+// (another policy's pick), and a victim the policy takes over (what a swap
+// does: lab/policies.hpp, the lab's exercise 12). The checks give those
+// answers with CheckPolicy (check_util.hpp), a policy of their own: no lab/
+// code. Prefix caching on and off both reach the region (free_blocks puts
+// cached blocks at the other end of the free list).
 //
 // Most checks share one situation (block size 2, 4 blocks): A, B, C and D
 // each hold one block with two tokens computed and one sampled, so each needs
@@ -21,35 +29,25 @@
 //   - "recompute victims wait at the front of the queue": the victims stand
 //     before E, the older one first (C, D, E), and once A and B finish they
 //     come back first, recomputing prompt and output (3 tokens each).
-//   - "swap keeps computed tokens and records the copies": a swap victim
-//     keeps num_computed_tokens, holds one host slot per block of computed
-//     tokens, reports (device block, slot) pairs in out.swap_out, frees its
-//     blocks and stands at the front of the swapped queue (C before D); E's
-//     place in the waiting queue is unchanged.
-//   - "a swapped victim comes back with its computed tokens": after A and B
-//     finish, C and D are swapped back in and compute one token each, not
-//     their whole sequence.
-//   - "a victim that does not fit the swap space is recomputed": with one
-//     host slot D is swapped and C falls back to recompute (front of waiting,
-//     nothing computed, no slot), and the fallback is counted.
-//   - "a swap victim copies only the blocks holding computed tokens": a
-//     victim that was just given a block for this step's token copies only
-//     the two blocks its computed tokens fill, logical block i to the i-th
-//     host slot it took.
-//   - "a swap victim with nothing computed is recomputed": a victim whose
-//     first chunk was scheduled but never computed holds no K/V worth
-//     copying; it takes no host slot, is neither a swap-out nor a fallback,
-//     and waits at the front of the queue like any recompute victim.
 //   - "a victim scheduled earlier in the step gives its tokens back": with
-//     Victim::kOldest, victims already scheduled in the step leave
+//     the oldest as victim, victims already scheduled in the step leave
 //     out.scheduled, and their tokens return to the step's budget, which the
-//     prefill chunk after them gets.
+//     prefill chunk after them gets; whether they are recomputed or taken
+//     over by the policy.
+//   - "a victim the policy takes over is counted and keeps its blocks": when
+//     take_victim is asked, the victim has left running, is PREEMPTED and
+//     counted (its num_preemptions, the total, out.preempted), and still
+//     holds every block with its computed tokens (a swap copies them now);
+//     once taken over, preempt() neither frees, forgets nor requeues it.
+//   - "a recompute victim's blocks go back last block first": with prefix
+//     caching off (to the head of the free list) and on (to its tail), the
+//     victim's last block comes before its first, so its first block, the
+//     one most likely shared, is the last to be reused.
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "lab/policies.hpp"
+#include "core/block_pool.hpp"
 #include "scheduler.hpp"
 #include "tests/exercises/check_util.hpp"
 
@@ -61,13 +59,15 @@ using namespace pkv_check;
 
 namespace {
 
-using Pairs = std::vector<std::pair<int32_t, int32_t>>;
-
-SchedulerConfig config(Preemption mode, int swap_blocks, Victim victim = Victim::kNewest) {
+// The card's config, or (pick_front, take_over) answers from a CheckPolicy.
+SchedulerConfig config(int max_model_len, bool pick_front = false, bool take_over = false) {
     SchedulerConfig c;
-    c.max_model_len = 8;
-    use_policy(c, {.victim = victim, .preemption = mode});
-    c.swap_space_blocks = swap_blocks;
+    c.max_model_len = max_model_len;
+    if (pick_front || take_over)
+        use_check_policy(c, [pick_front, take_over](CheckPolicy& p) {
+            p.pick_front = pick_front;
+            p.take_over = take_over;
+        });
     return c;
 }
 
@@ -98,7 +98,7 @@ SchedulerOutput two_victims(Scheduler& s, BlockPool& pool, int32_t& c_block, int
 
 TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    Scheduler s(config(8), pool);
     int32_t cb = -1, db = -1;
     const SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(names(s.running()) == "AB");
@@ -112,11 +112,8 @@ TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
         CHECK(v->tokens.back() == 3);
         CHECK(v->block_table.blocks.empty());
         CHECK(v->num_preemptions == 1);
-        CHECK(lab(s).swap_slots(*v).empty());
     }
     CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(lab(s).stats().num_swap_outs == 0);
-    CHECK(out.swap_out.empty());
     CHECK(out.total_num_scheduled_tokens == 2);
     // D's and C's blocks went to A and B.
     CHECK(s.request(0)->block_table.blocks == std::vector<int32_t>{0, db});
@@ -127,11 +124,10 @@ TEST_CASE("recompute forgets computed tokens and keeps the outputs") {
 
 TEST_CASE("recompute victims wait at the front of the queue") {
     BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kRecompute, 0), pool);
+    Scheduler s(config(8), pool);
     int32_t cb = -1, db = -1;
     SchedulerOutput out = two_victims(s, pool, cb, db);
     CHECK(names(s.waiting()) == "CDE");
-    CHECK(lab(s).swapped().empty());
 
     complete(s, out);  // A and B reach 2 tokens and finish
     REQUIRE(s.request(0)->finished());
@@ -144,187 +140,116 @@ TEST_CASE("recompute victims wait at the front of the queue") {
     CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("swap keeps computed tokens and records the copies") {
-    BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 8), pool);
-    int32_t cb = -1, db = -1;
-    const SchedulerOutput out = two_victims(s, pool, cb, db);
-    // D went first and got host slot 0, then C got slot 1.
-    CHECK(out.swap_out == Pairs{{db, 0}, {cb, 1}});
-    CHECK(names_swapped(s) == "CD");
-    CHECK(names(s.waiting()) == "E");
-    CHECK(names(s.running()) == "AB");
-    const Request* c = s.request(2);
-    const Request* d = s.request(3);
-    CHECK(lab(s).swap_slots(*c) == std::vector<int32_t>{1});
-    CHECK(lab(s).swap_slots(*d) == std::vector<int32_t>{0});
-    for (const Request* v : {c, d}) {
-        CHECK(v->state == RequestState::kPreempted);
-        CHECK(v->num_computed_tokens == 2);
-        CHECK(v->num_tokens() == 3);
-        CHECK(v->block_table.blocks.empty());
-        CHECK(v->num_preemptions == 1);
-    }
-    CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(lab(s).stats().num_swap_outs == 2);
-    CHECK(lab(s).stats().blocks_swapped_out == 2);
-    CHECK(lab(s).stats().num_swap_fallbacks == 0);
-    CHECK(lab(s).swap_space().num_free() == 6);
-    CHECK(s.policy().check_invariants(s) == "");
-    CHECK(pool.num_free_blocks() == 0);  // A and B took the freed blocks
-    CHECK(consistent(s, pool) == "");
-}
-
-TEST_CASE("a swapped victim comes back with its computed tokens") {
-    BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 8), pool);
-    int32_t cb = -1, db = -1;
-    SchedulerOutput out = two_victims(s, pool, cb, db);
-    complete(s, out);  // A and B finish
-    out = s.schedule();
-    CHECK(names(out.resumed) == "CD");
-    CHECK(names(out.scheduled) == "CD");
-    CHECK(counts(out.scheduled) == "1,1");  // only the sampled token is new
-    const Request* c = s.request(2);
-    const Request* d = s.request(3);
-    REQUIRE(c->block_table.blocks.size() == 2u);
-    REQUIRE(d->block_table.blocks.size() == 2u);
-    CHECK(out.swap_in == Pairs{{c->block_table.blocks[0], 1}, {d->block_table.blocks[0], 0}});
-    CHECK(lab(s).swapped().empty());
-    CHECK(lab(s).swap_space().num_free() == 8);
-    CHECK(s.policy().check_invariants(s) == "");
-    CHECK(consistent(s, pool) == "");
-}
-
-TEST_CASE("a victim that does not fit the swap space is recomputed") {
-    BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 1), pool);
-    int32_t cb = -1, db = -1;
-    const SchedulerOutput out = two_victims(s, pool, cb, db);
-    CHECK(out.swap_out == Pairs{{db, 0}});
-    CHECK(names_swapped(s) == "D");
-    CHECK(names(s.waiting()) == "CE");
-    const Request* c = s.request(2);
-    CHECK(c->state == RequestState::kPreempted);
-    CHECK(c->num_computed_tokens == 0);
-    CHECK(c->num_tokens() == 3);
-    CHECK(lab(s).swap_slots(*c).empty());
-    CHECK(c->block_table.blocks.empty());
-    CHECK(s.request(3)->num_computed_tokens == 2);
-    CHECK(s.stats().num_preemptions_total == 2);
-    CHECK(lab(s).stats().num_swap_outs == 1);
-    CHECK(lab(s).stats().blocks_swapped_out == 1);
-    CHECK(lab(s).stats().num_swap_fallbacks == 1);
-    CHECK(lab(s).swap_space().num_free() == 0);
-    CHECK(s.policy().check_invariants(s) == "");
-    CHECK(consistent(s, pool) == "");
-}
-
-TEST_CASE("a swap victim copies only the blocks holding computed tokens") {
-    // Block size 2, 5 blocks. A (4 tokens computed, 2 blocks) needs a third
-    // block for its next position and takes the last free one; C then needs
-    // one too, and with kOldest its victim is A. A holds 3 blocks, but only
-    // the first two have K/V in them: those two are copied, in logical order.
-    BlockPool pool(5, 2, false);
-    SchedulerConfig cfg = config(Preemption::kSwap, 8, Victim::kOldest);
-    Scheduler s(cfg, pool);
-    Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
-    s.add_request({5}, tokens(3), 0);
-    s.add_request({6, 7}, tokens(3), 0);
-    SchedulerOutput out = s.schedule();
-    REQUIRE(names(out.scheduled) == "ABC");
-    REQUIRE(pool.num_free_blocks() == 1);
-    complete(s, out);
-    REQUIRE(a->block_table.blocks.size() == 2u);
-    const std::vector<int32_t> a_blocks = a->block_table.blocks;
-
-    out = s.schedule();
-    CHECK(names(out.preempted) == "A");
-    CHECK(names(out.scheduled) == "BC");
-    CHECK(out.swap_out == Pairs{{a_blocks[0], 0}, {a_blocks[1], 1}});
-    CHECK(lab(s).swap_slots(*a) == std::vector<int32_t>{0, 1});
-    CHECK(a->num_computed_tokens == 4);
-    CHECK(a->block_table.blocks.empty());
-    CHECK(lab(s).stats().num_swap_outs == 1);
-    CHECK(lab(s).stats().blocks_swapped_out == 2);
-    CHECK(lab(s).swap_space().num_free() == 6);
-    CHECK(names_swapped(s) == "A");
-    CHECK(pool.num_free_blocks() == 2);  // A's 3 blocks back, C took one
-    CHECK(s.policy().check_invariants(s) == "");
-    CHECK(consistent(s, pool) == "");
-}
-
 TEST_CASE("a victim scheduled earlier in the step gives its tokens back") {
-    // Block size 2, 3 blocks, budget 4 tokens a step, chunked prefill.
-    BlockPool pool(3, 2, false);
-    SchedulerConfig cfg = config(Preemption::kRecompute, 0, Victim::kOldest);
-    cfg.max_model_len = 6;
-    cfg.max_num_batched_tokens = 4;
-    cfg.full_sequence_must_fit = false;
-    Scheduler s(cfg, pool);
-    Request* a = s.add_request({1}, tokens(4), 0);
-    Request* b = s.add_request({2, 3}, tokens(4), 0);
-    Request* c = s.add_request({4, 5, 6, 7, 8}, tokens(1), 0);
-    SchedulerOutput out = s.schedule();  // A 1, B 2, C's first chunk 1: one block each
-    REQUIRE(names(out.scheduled) == "ABC");
-    REQUIRE(counts(out.scheduled) == "1,2,1");
-    REQUIRE(pool.num_free_blocks() == 0);
-    complete(s, out);
+    // Block size 2, 3 blocks, budget 4 tokens a step, chunked prefill; the
+    // oldest running request is the victim. Recomputed, then taken over.
+    for (bool take_over : {false, true}) {
+        CAPTURE(take_over);
+        BlockPool pool(3, 2, false);
+        SchedulerConfig cfg = config(6, true, take_over);
+        cfg.max_num_batched_tokens = 4;
+        cfg.full_sequence_must_fit = false;
+        Scheduler s(cfg, pool);
+        Request* a = s.add_request({1}, tokens(4), 0);
+        Request* b = s.add_request({2, 3}, tokens(4), 0);
+        Request* c = s.add_request({4, 5, 6, 7, 8}, tokens(1), 0);
+        SchedulerOutput out = s.schedule();  // A 1, B 2, C's first chunk 1: one block each
+        REQUIRE(names(out.scheduled) == "ABC");
+        REQUIRE(counts(out.scheduled) == "1,2,1");
+        REQUIRE(pool.num_free_blocks() == 0);
+        complete(s, out);
 
-    // A decodes (budget 4 -> 3). B needs a block: its victim is A, already
-    // scheduled, whose token comes back (-> 4); B decodes (-> 3). C's next
-    // chunk is 3 tokens (it would be 2 had A kept its token), needs a
-    // block, and preempts B, now the oldest.
-    out = s.schedule();
-    CHECK(names(out.preempted) == "AB");
-    CHECK(names(out.scheduled) == "C");
-    CHECK(counts(out.scheduled) == "3");
-    CHECK(out.total_num_scheduled_tokens == 3);
-    CHECK(names(s.waiting()) == "BA");  // each victim went to the front
-    for (const Request* v : {a, b}) {
-        CHECK(v->state == RequestState::kPreempted);
-        CHECK(v->num_computed_tokens == 0);
-        CHECK(v->block_table.blocks.empty());
+        // A decodes (budget 4 -> 3). B needs a block: its victim is A, already
+        // scheduled, whose token comes back (-> 4); B decodes (-> 3). C's next
+        // chunk is 3 tokens (it would be 2 had A kept its token), needs a
+        // block, and preempts B, now the oldest.
+        out = s.schedule();
+        CHECK(names(out.preempted) == "AB");
+        CHECK(names(out.scheduled) == "C");
+        CHECK(counts(out.scheduled) == "3");
+        CHECK(out.total_num_scheduled_tokens == 3);
+        if (take_over) {
+            CHECK(s.waiting().empty());
+            CHECK(names_held(s) == "BA");
+        } else {
+            CHECK(names(s.waiting()) == "BA");  // each victim went to the front
+            for (const Request* v : {a, b}) CHECK(v->num_computed_tokens == 0);
+        }
+        for (const Request* v : {a, b}) {
+            CHECK(v->state == RequestState::kPreempted);
+            CHECK(v->block_table.blocks.empty());
+        }
+        CHECK(c->block_table.blocks.size() == 2u);
+        CHECK(pool.num_free_blocks() == 1);
+        CHECK(consistent(s, pool) == "");
     }
-    CHECK(c->block_table.blocks.size() == 2u);
-    CHECK(pool.num_free_blocks() == 1);
+}
+
+// The two-victim situation with a policy that takes each victim over (frees
+// its blocks itself and holds it, as a swap does after its copy). When
+// take_victim runs, D and then C must already be out of running, PREEMPTED
+// and counted, and still hold their block with 2 computed tokens.
+TEST_CASE("a victim the policy takes over is counted and keeps its blocks") {
+    BlockPool pool(4, 2, false);
+    Scheduler s(config(8, false, true), pool);
+    int32_t cb = -1, db = -1;
+    const SchedulerOutput out = two_victims(s, pool, cb, db);
+    const std::vector<CheckPolicy::Seen>& seen = check_policy(s).seen;
+    REQUIRE(seen.size() == 2u);
+    const int32_t blocks[2] = {db, cb};
+    for (int k = 0; k < 2; ++k) {
+        CAPTURE(k);
+        CHECK(seen[k].id == 3 - k);  // D, then C
+        CHECK_FALSE(seen[k].in_running);
+        CHECK_FALSE(seen[k].in_waiting);
+        CHECK(seen[k].state == RequestState::kPreempted);
+        CHECK(seen[k].num_preemptions == 1);
+        CHECK(seen[k].num_preemptions_total == k + 1);
+        CHECK(seen[k].num_computed_tokens == 2);
+        CHECK(seen[k].blocks == std::vector<int32_t>{blocks[k]});
+        CHECK(seen[k].blocks_held);
+    }
+    // Taken over: preempt() left the rest to the policy.
+    CHECK(names(out.preempted) == "DC");
+    CHECK(names(s.waiting()) == "E");
+    CHECK(names_held(s) == "CD");
+    for (int id : {2, 3}) {
+        CAPTURE(id);
+        CHECK(s.request(id)->num_computed_tokens == 2);  // not forgotten
+        CHECK(s.request(id)->num_preemptions == 1);
+    }
+    CHECK(s.stats().num_preemptions_total == 2);
+    CHECK(names(s.running()) == "AB");
+    CHECK(pool.num_free_blocks() == 0);
     CHECK(consistent(s, pool) == "");
 }
 
-TEST_CASE("a swap victim with nothing computed is recomputed") {
-    // Block size 2, 4 blocks, swap space 4. A and B (4 tokens, 2 blocks
-    // each) are scheduled; A's forward pass runs and samples, B's does not
-    // (as if it had failed), so B holds two blocks with nothing computed in
-    // them. A's next position needs a third block: B, the newest, is the
-    // victim. Nothing to copy and nothing to recompute: the right answer is
-    // a plain recompute victim, with no slot taken and no swap-out or
-    // fallback counted.
-    BlockPool pool(4, 2, false);
-    Scheduler s(config(Preemption::kSwap, 4), pool);
-    Request* a = s.add_request({1, 2, 3, 4}, tokens(3), 0);
-    Request* b = s.add_request({5, 6, 7, 8}, tokens(3), 0);
-    SchedulerOutput out = s.schedule();
-    REQUIRE(names(out.scheduled) == "AB");
-    REQUIRE(pool.num_free_blocks() == 0);
-    s.on_computed(*a, 4);
-    a->tokens.push_back(3);
-    REQUIRE(b->num_computed_tokens == 0);
-    REQUIRE(b->block_table.blocks.size() == 2u);
-
-    out = s.schedule();
-    CHECK(names(out.preempted) == "B");
-    CHECK(names(out.scheduled) == "A");
-    CHECK(out.swap_out.empty());
-    CHECK(names_swapped(s) == "");
-    CHECK(names(s.waiting()) == "B");
-    CHECK(b->state == RequestState::kPreempted);
-    CHECK(b->num_computed_tokens == 0);
-    CHECK(b->block_table.blocks.empty());
-    CHECK(lab(s).swap_slots(*b).empty());
-    CHECK(lab(s).stats().num_swap_outs == 0);
-    CHECK(lab(s).stats().num_swap_fallbacks == 0);
-    CHECK(lab(s).swap_space().num_free() == 4);
-    CHECK(a->block_table.blocks.size() == 3u);
-    CHECK(s.policy().check_invariants(s) == "");
-    CHECK(consistent(s, pool) == "");
+// Block size 2, 4 blocks. A (2 tokens), B (4 tokens, 2 blocks) and C (2
+// tokens) fill the pool; each samples a token and needs one more block. In
+// step 2 A's growth preempts C (the newest) and takes its block; B cannot
+// grow and preempts itself. B's two blocks are then the whole free list: its
+// second block at the front, its first at the back. Without prefix caching
+// they went to the head of the list, with it to the tail (full computed
+// blocks are cached): the same order either way.
+TEST_CASE("a recompute victim's blocks go back last block first") {
+    for (bool caching : {false, true}) {
+        CAPTURE(caching);
+        BlockPool pool(4, 2, caching);
+        Scheduler s(config(8), pool);
+        s.add_request({1, 2}, tokens(4), 0);        // A
+        s.add_request({3, 4, 5, 6}, tokens(4), 0);  // B
+        s.add_request({7, 8}, tokens(4), 0);        // C
+        SchedulerOutput out = s.schedule();
+        REQUIRE(names(out.scheduled) == "ABC");
+        REQUIRE(pool.num_free_blocks() == 0);
+        complete(s, out);
+        const std::vector<int32_t> b_blocks = s.request(1)->block_table.blocks;
+        REQUIRE(b_blocks.size() == 2u);
+        out = s.schedule();
+        CHECK(names(out.preempted) == "CB");
+        CHECK(names(out.scheduled) == "A");
+        CHECK(s.request(1)->block_table.blocks.empty());
+        CHECK(walk_free_list(pool) == Ids{b_blocks[1], b_blocks[0]});
+        CHECK(consistent(s, pool) == "");
+    }
 }

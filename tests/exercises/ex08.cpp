@@ -1,159 +1,268 @@
-// tests/exercises/ex08.cpp -- grades exercise 8, "paged attention on the
-// CPU" (paged_attention_ref in paged_kv.cuh).
+// tests/exercises/ex08.cpp -- grades exercise 8, "a coin that survives
+// preemption" (coin_for in tiny_model/sampler.hpp).
 //
-// Every check builds sequences whose keys and values are first drawn as
-// plain contiguous arrays, computes causal attention over those arrays in
-// double precision (dense_attention in check_util.hpp: nothing paged about
-// it), then
-// scatters the same vectors into a paged cache through shuffled block tables
-// and asks paged_attention_ref for the same numbers. A correct two-pass
-// softmax and a correct online softmax both land within the tolerance
-// (1e-5 relative to the values' scale); cache slots that belong to no
-// sequence hold NaN, so reading one shows.
+// coin_for(seed, output index) is the one random number behind a sampled
+// token. It must be a pure function -- the same arguments give the same coin
+// whatever was drawn before -- so that a request that is preempted and
+// recomputed, or that shares its steps with other requests, samples exactly
+// the tokens it would have sampled alone.
 //
-//   - one decode over a scattered block table matches dense attention;
-//   - GQA: query head h reads kv head h / (n_heads / n_kv_heads), not h % n_kv_heads;
-//   - a prefill chunk: each query sees only its own causal context, position + 1 keys;
-//   - a flat batch of several sequences, in shuffled order, each through its own row;
-//   - block sizes 1, 3, 8 and 16 all give the dense answer;
-//   - scores in the hundreds do not overflow the softmax;
-//   - f16 and int8 caches are read as their stored values (through kv_load).
-#include <algorithm>
+//   - pure: the same (seed, index) gives the same coin, before and after
+//     thousands of other draws;
+//   - every coin is in [0, 1) and a multiple of 2^-24 (24 random bits, exact
+//     in a float);
+//   - the coin is the engine's own: the top 24 bits of the mix the hint
+//     spells out (seeded outputs are part of what the engine promises, and
+//     the low 24 bits of the same mix would sample other tokens);
+//   - the coins of one seed over consecutive indices look uniform: mean,
+//     ten equal buckets, no correlation between neighbours, few repeats;
+//   - nearby seeds give unrelated coins, and seed and index are not
+//     interchangeable (coin(s, i + 1) is not coin(s + 1, i), coin(a, b) is
+//     not coin(b, a));
+//   - the engine on a tiny random model, at temperature 1: every request's
+//     tokens are the same with an ample KV pool and with a pool so small
+//     that requests are preempted (the metric says they were), and they
+//     differ from the greedy tokens;
+//   - in one engine run, two requests with the same prompt and seed get the
+//     same tokens, and a third with another seed gets others.
 #include <cmath>
 #include <cstdint>
-#include <numeric>
-#include <string>
+#include <memory>
+#include <set>
 #include <vector>
 
-#include "core/block_pool.hpp"
-#include "paged_kv.cuh"
-#include "tests/exercises/check_util.hpp"
+#include "engine.hpp"
+#include "tiny_model/model.hpp"
+#include "tiny_model/runner.hpp"
+#include "tiny_model/sampler.hpp"
 
 // doctest last, after every header with an exercise region (main.cpp says why).
 #include <doctest/doctest.h>
 
 using namespace pkv;
-using namespace pkv_check;
 
 namespace {
 
-struct SeqSpec {
-    int len;          // keys cached at positions 0 .. len - 1
-    int num_queries;  // query tokens at the last num_queries positions
+// dim 16, hidden 32, 1 layer, 2 query heads over 1 kv head, 40 tokens of
+// vocabulary, context 64: a forward pass costs microseconds.
+const Model& tiny_model() {
+    static const Model m = [] {
+        Config c;
+        c.dim = 16;
+        c.hidden_dim = 32;
+        c.n_layers = 1;
+        c.n_heads = 2;
+        c.n_kv_heads = 1;
+        c.vocab_size = 40;
+        c.seq_len = 64;
+        c.shared_classifier = false;
+        return make_random_model(c, 1107);
+    }();
+    return m;
+}
+
+struct Run {
+    std::vector<std::vector<int32_t>> outputs;  // per request, its output tokens
+    Metrics metrics;
 };
 
-// Keys in [-1, 1] times key_scale, values in [-1, 1], queries in [-3, 3];
-// three blocks nobody owns.
-Problem make_problem(Rand& rng, int block_size, int n_kv_heads, int group, int head_dim, const std::vector<SeqSpec>& seqs,
-                     float key_scale = 1.0f) {
-    Problem p = paged_sequences(rng, block_size, n_kv_heads, group, head_dim, seqs, 3, [key_scale](int) { return key_scale; });
-    // Sequences in shuffled order; each one's queries side by side.
-    std::vector<int> order(seqs.size());
-    std::iota(order.begin(), order.end(), 0);
-    rng.shuffle(order);
-    for (int si : order)
-        for (int i = 0; i < seqs[si].num_queries; ++i) {
-            p.token_seq.push_back(si);
-            p.positions.push_back(seqs[si].len - seqs[si].num_queries + i);
-        }
-    draw_queries(rng, p);
-    return p;
+struct Job {
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+};
+
+Run run_engine(const std::vector<Job>& jobs, int num_blocks) {
+    EngineConfig ec;
+    ec.num_blocks = num_blocks;
+    ec.block_size = 4;
+    ec.log_interval_s = 0;
+    ec.sched.max_model_len = 32;
+    StepClock clock;
+    Engine eng(std::make_unique<CpuRunner>(tiny_model()), ec, &clock);
+    for (const Job& j : jobs) eng.add_request(j.prompt, j.params);
+    for (int steps = 0; eng.has_unfinished(); ++steps) {
+        REQUIRE(steps < 2000);
+        eng.step();
+    }
+    Run r;
+    for (int i = 0; i < (int)jobs.size(); ++i) {
+        const Request* q = eng.request(i);
+        REQUIRE(q->finish_reason == FinishReason::kMaxTokens);
+        r.outputs.emplace_back(q->tokens.begin() + q->num_prompt_tokens, q->tokens.end());
+    }
+    r.metrics = eng.metrics();
+    return r;
 }
 
-std::vector<float> run_ref(const Problem& p) {
-    std::vector<float> kc, vc;
-    scatter_f32(p, kc, vc);
-    std::vector<float> out((size_t)p.num_tokens() * p.s.n_heads * p.s.head_dim, NAN);
-    paged_attention_ref(out.data(), p.q.data(), kc.data(), vc.data(), p.block_tables.data(), p.token_seq.data(),
-                        p.positions.data(), p.num_tokens(), p.s);
-    return out;
-}
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-    double m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
+// Six requests: prompts of 5 to 10 tokens (ids 3..39), 20 tokens each at
+// temperature `temperature`, seed 500 + i.
+std::vector<Job> workload(float temperature) {
+    std::vector<Job> jobs;
+    for (int i = 0; i < 6; ++i) {
+        Job j;
+        for (int k = 0; k < 5 + i; ++k) j.prompt.push_back(3 + (i * 7 + k * 11) % 37);
+        j.params.max_tokens = 20;
+        j.params.temperature = temperature;
+        j.params.seed = 500 + (uint64_t)i;
+        j.params.ignore_eos = true;
+        jobs.push_back(j);
+    }
+    return jobs;
 }
 
 }  // namespace
 
-// One sequence of 11 keys in blocks of 4 (3 scattered blocks), one decode
-// query at position 10, 2 heads over 2 kv heads.
-TEST_CASE("one decode over a scattered block table matches dense attention") {
-    Rand rng(801);
-    const Problem p = make_problem(rng, 4, 2, 1, 8, {{11, 1}});
-    REQUIRE(p.positions[0] == 10);
-    CHECK(compare(run_ref(p), dense_attention(p), p.s) == "");
-}
-
-// 6 query heads over 2 kv heads: heads 0, 1, 2 read kv head 0 and 3, 4, 5
-// kv head 1. The h % n_kv_heads mapping gives clearly different numbers here.
-TEST_CASE("query heads of a group share the kv head h over group") {
-    Rand rng(802);
-    const Problem p = make_problem(rng, 4, 2, 3, 8, {{13, 1}, {7, 2}});
-    const std::vector<double> right = dense_attention(p);
-    const std::vector<double> wrong = dense_attention(p, [](int h) { return h % 2; });
-    REQUIRE(max_diff(right, wrong) > 0.05);  // the problem tells the two mappings apart
-    CHECK(compare(run_ref(p), right, p.s) == "");
-}
-
-// A 20-token sequence with 15 query tokens at positions 5 .. 19: each sees
-// positions 0 .. its own, although the cache holds all 20.
-TEST_CASE("each prefill query sees only its causal context") {
-    Rand rng(803);
-    const Problem p = make_problem(rng, 4, 1, 2, 8, {{20, 15}});
-    CHECK(compare(run_ref(p), dense_attention(p), p.s) == "");
-    // The first query's answer really depends on stopping at position 5.
-    Problem all_keys = p;
-    for (int32_t& pos : all_keys.positions) pos = 19;
-    const std::vector<double> causal = dense_attention(p), full = dense_attention(all_keys);
-    CHECK(std::fabs(causal[0] - full[0]) + std::fabs(causal[1] - full[1]) > 1e-3);
-}
-
-// Five sequences of different lengths, decodes and prefill chunks mixed, in
-// shuffled batch order: every token reads its own block table row.
-TEST_CASE("a flat batch of several sequences reads each one's own row") {
-    Rand rng(804);
-    const Problem p = make_problem(rng, 4, 2, 2, 8, {{1, 1}, {9, 1}, {17, 4}, {6, 6}, {30, 2}});
-    REQUIRE(p.num_tokens() == 14);
-    CHECK(compare(run_ref(p), dense_attention(p), p.s) == "");
-}
-
-// The same kind of batch in blocks of 1, 3, 8 and 16 positions.
-TEST_CASE("block sizes from one to sixteen give the dense answer") {
-    for (int bs : {1, 3, 8, 16}) {
-        CAPTURE(bs);
-        Rand rng(805 + bs);
-        const Problem p = make_problem(rng, bs, 2, 2, 12, {{25, 3}, {16, 1}, {5, 2}});
-        CHECK(compare(run_ref(p), dense_attention(p), p.s) == "");
+TEST_CASE("the same seed and index always give the same coin") {
+    std::vector<float> first;
+    for (uint64_t seed : {0ull, 1ull, 42ull, 0xdeadbeefull, ~0ull})
+        for (int i : {0, 1, 2, 17, 1000, 123456})
+            first.push_back(coin_for(seed, i));
+    // Thousands of other draws in between change nothing.
+    float sink = 0;
+    for (int i = 0; i < 5000; ++i) sink += coin_for(7, i);
+    CHECK(sink > 0);
+    size_t k = 0;
+    for (uint64_t seed : {0ull, 1ull, 42ull, 0xdeadbeefull, ~0ull})
+        for (int i : {0, 1, 2, 17, 1000, 123456}) {
+            CAPTURE(seed);
+            CAPTURE(i);
+            CHECK(coin_for(seed, i) == first[k++]);
+        }
+    // In reverse order too.
+    for (int i = 99; i >= 0; --i) {
+        const float c = coin_for(3, i);
+        CHECK(c == coin_for(3, i));
     }
 }
 
-// Keys scaled by 60: scores reach several hundred, and exp(score) alone
-// overflows a float (above about 88). Subtracting the max -- once, or as a
-// running max -- keeps every weight finite. The tolerance is looser: a float
-// score of a few hundred carries an absolute error of ~1e-5.
-TEST_CASE("scores in the hundreds do not overflow the softmax") {
-    Rand rng(806);
-    const Problem p = make_problem(rng, 4, 2, 2, 16, {{24, 3}, {10, 1}}, 60.0f);
-    const std::vector<float> got = run_ref(p);
-    for (float x : got) REQUIRE(std::isfinite(x));
-    CHECK(compare(got, dense_attention(p), p.s, 1e-3) == "");
+TEST_CASE("every coin is in the unit interval with 24 bits") {
+    int bad = 0;
+    double first_bad = -1;
+    for (uint64_t seed : {0ull, 1ull, 2ull, 99ull, 1ull << 40, ~0ull})
+        for (int i = 0; i < 3000; ++i) {
+            const float c = coin_for(seed, i);
+            const double scaled = (double)c * 16777216.0;
+            if (!(c >= 0.0f && c < 1.0f && scaled == std::floor(scaled))) {
+                if (bad++ == 0) first_bad = c;
+            }
+        }
+    CAPTURE(first_bad);
+    CHECK(bad == 0);  // every coin in [0, 1) and a multiple of 2^-24
 }
 
-// An f16 cache and an int8 cache, written with kv_store: attention over them
-// equals dense attention over the values kv_load reads back. Unused f16
-// slots are NaN bit patterns, unused int8 slots have NaN scales.
-TEST_CASE("f16 and int8 caches are read as their stored values") {
-    for (KVDtype dt : {KVDtype::kF16, KVDtype::kInt8}) {
-        CAPTURE(to_string(dt));
-        Rand rng(807);
-        Problem p = make_problem(rng, 4, 2, 2, 8, {{18, 2}, {7, 1}});
-        KVCache cache = store_in_cache(p, dt);
-        const KVView kv = cache.k_view(0), vv = cache.v_view(0);
-        std::vector<float> out((size_t)p.num_tokens() * p.s.n_heads * p.s.head_dim, NAN);
-        paged_attention_ref(out.data(), p.q.data(), kv, vv, p.block_tables.data(), p.token_seq.data(), p.positions.data(),
-                            p.num_tokens(), p.s);
-        CHECK(compare(out, dense_attention(p), p.s) == "");
+// The coin as the hint spells it, computed here: seed times splitmix64's
+// golden-ratio constant plus the index, splitmix64's finaliser (first shift
+// 31), and the top 24 of the 64 bits, scaled by 2^-24.
+namespace {
+double documented_coin(uint64_t seed, int index) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)index;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 40) / 16777216.0;
+}
+}  // namespace
+
+TEST_CASE("the coin is the top 24 bits of the documented mix") {
+    for (uint64_t seed : {0ull, 1ull, 2ull, 42ull, 500ull, 0xdeadbeefull, ~0ull})
+        for (int i : {0, 1, 2, 3, 17, 19, 1000, 123456}) {
+            CAPTURE(seed);
+            CAPTURE(i);
+            CHECK((double)coin_for(seed, i) == documented_coin(seed, i));
+        }
+}
+
+// 20,000 coins of one seed: mean 0.5 (standard error 0.002), 2,000 per
+// tenth (standard deviation about 42), neighbours uncorrelated (standard
+// error about 0.007), and about 12 repeated values by the birthday bound.
+TEST_CASE("the coins of one seed over consecutive indices look uniform") {
+    for (uint64_t seed : {1ull, 12345ull}) {
+        CAPTURE(seed);
+        const int n = 20000;
+        std::vector<double> c(n);
+        for (int i = 0; i < n; ++i) c[i] = coin_for(seed, i);
+        double mean = 0;
+        for (double x : c) mean += x;
+        mean /= n;
+        CHECK(std::fabs(mean - 0.5) < 0.01);
+        std::vector<int> buckets(10, 0);
+        for (double x : c) buckets[std::min(9, (int)(x * 10))]++;
+        for (int b = 0; b < 10; ++b) {
+            CAPTURE(b);
+            CHECK(std::abs(buckets[b] - n / 10) < 200);
+        }
+        double cov = 0, var = 0;
+        for (int i = 0; i + 1 < n; ++i) cov += (c[i] - mean) * (c[i + 1] - mean);
+        for (double x : c) var += (x - mean) * (x - mean);
+        CHECK(std::fabs(cov / var) < 0.04);
+        CHECK(std::set<double>(c.begin(), c.end()).size() >= (size_t)n - 60);
     }
+}
+
+// Seeds 0..19,999 at one index look uniform as well, and neither swapping
+// seed and index nor moving one step from index to seed repeats a coin.
+TEST_CASE("nearby seeds give unrelated coins") {
+    for (int index : {0, 5}) {
+        CAPTURE(index);
+        const int n = 20000;
+        std::vector<int> buckets(10, 0);
+        double mean = 0;
+        for (int s = 0; s < n; ++s) {
+            const float x = coin_for((uint64_t)s, index);
+            mean += x;
+            buckets[std::min(9, (int)(x * 10))]++;
+        }
+        CHECK(std::fabs(mean / n - 0.5) < 0.01);
+        for (int b = 0; b < 10; ++b) {
+            CAPTURE(b);
+            CHECK(std::abs(buckets[b] - n / 10) < 200);
+        }
+    }
+    int shifted = 0, swapped = 0;
+    for (int a = 0; a < 100; ++a)
+        for (int b = 0; b < 100; ++b) {
+            shifted += coin_for((uint64_t)a, b + 1) == coin_for((uint64_t)a + 1, b);
+            if (a != b) swapped += coin_for((uint64_t)a, b) == coin_for((uint64_t)b, a);
+        }
+    CHECK(shifted < 5);
+    CHECK(swapped < 5);
+}
+
+// Six requests at temperature 1 with a seed each. 256 blocks of 4 hold them
+// all at their longest; 12 blocks hold fewer than two at their longest (8
+// blocks each), so requests are preempted and recomputed, and step by step
+// the batches differ. The tokens must not.
+TEST_CASE("sampled tokens are the same with and without preemption") {
+    const std::vector<Job> jobs = workload(1.0f);
+    const Run ample = run_engine(jobs, 256);
+    const Run tight = run_engine(jobs, 12);
+    CHECK(ample.metrics.num_preemptions_total == 0);
+    CHECK(tight.metrics.num_preemptions_total >= 3);
+    CHECK(tight.metrics.recomputed_tokens_total > 0);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(ample.outputs[i].size() == 20);
+        CHECK(tight.outputs[i] == ample.outputs[i]);
+    }
+    // The coins mattered: greedy decoding gives other tokens.
+    const Run greedy = run_engine(workload(0.0f), 256);
+    int differ = 0;
+    for (size_t i = 0; i < jobs.size(); ++i) differ += greedy.outputs[i] != ample.outputs[i];
+    CHECK(differ >= 4);
+}
+
+// One engine run: A and B are the same prompt with the same seed, C the same
+// prompt with another seed, and three other requests share their steps.
+TEST_CASE("the same prompt and seed give the same tokens in one batch") {
+    std::vector<Job> jobs = workload(1.0f);
+    Job a = jobs[2];
+    a.params.seed = 77;
+    Job c = a;
+    c.params.seed = 78;
+    jobs.insert(jobs.begin() + 1, a);  // A: request 1
+    jobs.push_back(a);                 // B: request 7
+    jobs.push_back(c);                 // C: request 8
+    const Run r = run_engine(jobs, 64);
+    CHECK(r.outputs[1] == r.outputs[7]);
+    CHECK(r.outputs[1] != r.outputs[8]);
 }

@@ -15,7 +15,7 @@
 //     them (`kit selftest` checks the order);
 //   - it expects what it checks from its own arithmetic, not from another
 //     exercise's code where that is practical, so that a student can grade
-//     exercise 9 before writing exercise 8 (the kit grades each exercise in
+//     exercise 10 before writing exercise 9 (the kit grades each exercise in
 //     a tree where every other region is the reference's anyway);
 //   - it needs no model files and runs in well under a second;
 //   - `// kit: tsan` anywhere in the file makes the kit build it once more

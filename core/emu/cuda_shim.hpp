@@ -1,4 +1,5 @@
-// core/cuda_shim.hpp -- chapter 8: the one seam between our kernels and where they run.
+// core/emu/cuda_shim.hpp -- the CUDA emulator, part 1 (skip on a first reading: chapter 8 says
+// what you need of it): the one seam between our kernels and where they run.
 //
 // Every kernel in pagedkv is written once, in CUDA C++. This header lets that
 // same source run in two places:
@@ -57,7 +58,7 @@
 // kernel source, so that a test passing on a laptop has run the very index
 // math, tile loops and barriers that nvcc compiles. The price is speed --
 // emulation runs many times slower than our plain CPU forward (TUTORIAL.md
-// chapter 8 measures it) -- and blindness to everything listed above as not
+// appendix A measures it) -- and blindness to everything listed above as not
 // modelled. Correctness is proved here; speed only on a GPU (tests/gpu_check.sh).
 //
 // Sections: 0. CUDA's launch limits (both worlds)  1. real CUDA (thin

@@ -1,4 +1,5 @@
-// core/cuda_emulation.hpp -- chapter 8: how the emulated launch runs a block's CUDA threads on one CPU thread.
+// core/emu/cuda_emulation.hpp -- the CUDA emulator, part 2 (skip on a first reading; TUTORIAL
+// appendix A walks it): how the emulated launch runs a block's CUDA threads on one CPU thread.
 //
 // cuda_shim.hpp lets a kernel written in CUDA C++ run on the CPU: under g++ its
 // `launch(...)` runs every thread block of the grid, one after another, and

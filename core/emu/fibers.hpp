@@ -1,4 +1,5 @@
-// core/fibers.hpp -- chapter 8 (skippable): the machinery under the emulated launch: many stacks, one CPU thread.
+// core/emu/fibers.hpp -- the CUDA emulator, part 3 (skip on a first reading; TUTORIAL appendix
+// A): the machinery under the emulated launch: many stacks, one CPU thread.
 //
 // cuda_emulation.hpp runs a thread block's CUDA threads as *fibers*: each has
 // its own stack, all of them run on the host thread that called launch(), one

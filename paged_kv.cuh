@@ -86,8 +86,8 @@ struct KVGeometry {
     // Bytes of K (or V) data, and of int8 scales, for one block of one layer.
     size_t data_bytes_per_block() const { return elems_per_block() * kv_dtype_bytes(dtype); }
     size_t scales_per_block() const { return dtype == KVDtype::kInt8 ? (size_t)block_size * num_kv_heads : 0; }
-    // Everything one block holds: every layer, K and V, data and scales. What
-    // a swap copies, and what a byte budget is divided by.
+    // Everything one block holds: every layer, K and V, data and scales: what
+    // copying a block moves, and what a byte budget is divided by.
     size_t bytes_per_block() const {
         return 2 * (size_t)num_layers * (data_bytes_per_block() + scales_per_block() * sizeof(float));
     }

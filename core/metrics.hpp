@@ -238,8 +238,8 @@ private:
 // request_success_total{finished_reason="stop"|"length"|"abort"} (vLLM
 // counts aborted requests there too). Histograms are read from their fixed
 // buckets (section 1): a scrape costs the same after a billion observations.
-// The helpers also write the families a server or a lab policy adds of its
-// own (examples/serve.cpp, lab/swap.hpp).
+// The helpers also write the families a server (examples/serve.cpp) or
+// lab/ code adds of its own.
 
 // Two label lists as one: model_name="m" and le="0.1" give model_name="m",le="0.1".
 inline std::string label_join(const std::string& a, const std::string& b) { return a.empty() ? b : b.empty() ? a : a + "," + b; }

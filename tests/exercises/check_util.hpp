@@ -118,6 +118,22 @@ inline std::string counts(const std::vector<ScheduledRequest>& v) {
     return s;
 }
 
+// A scheduler configuration for the admission checks (exercises 4 and 13):
+// max_model_len and the step's token budget; everything else the default.
+inline SchedulerConfig admission_config(int max_model_len, int budget = 256) {
+    SchedulerConfig c;
+    c.max_model_len = max_model_len;
+    c.max_num_batched_tokens = budget;
+    return c;
+}
+
+// The tokens `r` was scheduled for in `out` (0: it was not scheduled).
+inline int scheduled_tokens(const SchedulerOutput& out, const Request* r) {
+    for (const ScheduledRequest& sr : out.scheduled)
+        if (sr.req == r) return sr.num_new_tokens;
+    return 0;
+}
+
 // Sampling for exactly n output tokens: EOS is ignored, so a request stops
 // at max_tokens (or max_model_len) and nowhere else.
 inline SamplingParams tokens(int n) {

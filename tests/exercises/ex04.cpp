@@ -45,29 +45,12 @@
 using namespace pkv;
 using namespace pkv_check;
 
-namespace {
-
-SchedulerConfig config(int max_model_len, int budget = 256) {
-    SchedulerConfig c;
-    c.max_model_len = max_model_len;
-    c.max_num_batched_tokens = budget;
-    return c;
-}
-
-int scheduled_tokens(const SchedulerOutput& out, const Request* r) {
-    for (const ScheduledRequest& sr : out.scheduled)
-        if (sr.req == r) return sr.num_new_tokens;
-    return 0;
-}
-
-}  // namespace
-
 // Budget 10: A (6 tokens) takes 6, B (9 tokens) gets the 4 that are left.
 // The gate checks B's whole prompt (3 blocks) but allocates only its chunk
 // (1 block); C gets nothing in a step whose budget is spent.
 TEST_CASE("a new prompt gets a chunk capped by the budget and only its blocks") {
     BlockPool pool(16, 4, true);  // caching on: queries are counted, nothing is hit
-    Scheduler s(config(64, 10), pool);
+    Scheduler s(admission_config(64, 10), pool);
     Request* a = s.add_request(run_of(10, 6), tokens(4), 0);
     Request* b = s.add_request(run_of(20, 9), tokens(4), 0);
     Request* c = s.add_request(run_of(30, 3), tokens(4), 0);
@@ -94,7 +77,7 @@ TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffice
     for (bool gate : {true, false}) {
         CAPTURE(gate);
         BlockPool pool(4, 4, true);  // caching on: queries are counted, nothing is hit
-        SchedulerConfig cfg = config(16, 9);
+        SchedulerConfig cfg = admission_config(16, 9);
         cfg.full_sequence_must_fit = gate;
         Scheduler s(cfg, pool);
         Request* a = s.add_request(run_of(10, 8), tokens(1), 0);
@@ -134,7 +117,7 @@ TEST_CASE("the full sequence gate waits for the whole prompt and a chunk suffice
 // 4-token chunk, and for B's prompt alone, but not for B's whole sequence.
 TEST_CASE("a preempted request must fit with its outputs") {
     BlockPool pool(4, 4, false);
-    Scheduler s(config(16, 5), pool);
+    Scheduler s(admission_config(16, 5), pool);
     Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
     Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
     SchedulerOutput out = s.schedule();
@@ -176,7 +159,7 @@ TEST_CASE("a preempted request must fit with its outputs") {
 // 4 prompt tokens. A request that is not admitted is not a query.
 TEST_CASE("a resumed request looks up its whole sequence in the prefix cache") {
     BlockPool pool(4, 4, true);
-    Scheduler s(config(16, 5), pool);
+    Scheduler s(admission_config(16, 5), pool);
     Request* a = s.add_request(run_of(10, 4), tokens(10), 0);
     Request* b = s.add_request(run_of(20, 4), tokens(10), 0);
     SchedulerOutput out = s.schedule();
@@ -212,7 +195,7 @@ TEST_CASE("a resumed request looks up its whole sequence in the prefix cache") {
 // count every token looked up and the 16 served.
 TEST_CASE("prefix hits on held blocks skip their tokens and cost no free block") {
     BlockPool pool(8, 4, true);
-    Scheduler s(config(32), pool);
+    Scheduler s(admission_config(32), pool);
     Request* a = s.add_request(run_of(3, 17), tokens(10), 0);
     SchedulerOutput out = s.schedule();
     REQUIRE(scheduled_tokens(out, a) == 17);
@@ -250,7 +233,7 @@ TEST_CASE("the policy sees the card's answer and its own answer is obeyed") {
     for (bool gate : {true, false}) {
         CAPTURE(gate);
         BlockPool pool(8, 4, false);
-        SchedulerConfig cfg = config(32, 6);
+        SchedulerConfig cfg = admission_config(32, 6);
         cfg.full_sequence_must_fit = gate;
         use_check_policy(cfg, nullptr);
         Scheduler s(cfg, pool);
@@ -279,7 +262,7 @@ TEST_CASE("the policy sees the card's answer and its own answer is obeyed") {
     for (const Case& k : cases) {
         CAPTURE(k.what);
         BlockPool pool(8, 4, false);
-        SchedulerConfig cfg = config(32, 6);
+        SchedulerConfig cfg = admission_config(32, 6);
         use_check_policy(cfg, [k](CheckPolicy& p) {
             p.admit = [k](const Scheduler&, const Request& r, SchedulerPolicy::Admit card) {
                 return r.tokens[0] == 10 ? k.answer : card;  // A's answer; Z gets the card's
@@ -324,7 +307,7 @@ TEST_CASE("prefix hits on free blocks count against the full sequence gate") {
         CAPTURE(k.gate);
         CAPTURE(k.keep_free);
         BlockPool pool(12, 4, true);
-        SchedulerConfig cfg = config(48, 5);
+        SchedulerConfig cfg = admission_config(48, 5);
         cfg.full_sequence_must_fit = k.gate;
         if (k.keep_free >= 0)
             use_check_policy(cfg, [k](CheckPolicy& p) {

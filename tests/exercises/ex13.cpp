@@ -45,29 +45,12 @@
 using namespace pkv;
 using namespace pkv_check;
 
-namespace {
-
-SchedulerConfig config(int max_model_len, int budget = 256) {
-    SchedulerConfig c;
-    c.max_model_len = max_model_len;
-    c.max_num_batched_tokens = budget;
-    return c;
-}
-
-int scheduled_tokens(const SchedulerOutput& out, const Request* r) {
-    for (const ScheduledRequest& sr : out.scheduled)
-        if (sr.req == r) return sr.num_new_tokens;
-    return 0;
-}
-
-}  // namespace
-
 // Reserve admission: A holds 3 + 10 = 13 tokens (4 blocks) from the start;
 // B asks for 2 + 100 tokens, capped at max_model_len 24 (6 blocks): exactly
 // the 6 that are left. C finds nothing free.
 TEST_CASE("reserve admission allocates prompt plus max tokens capped at max model len") {
     BlockPool pool(10, 4, false);
-    SchedulerConfig cfg = config(24);
+    SchedulerConfig cfg = admission_config(24);
     use_policy(cfg, {.admission = Admission::kReserve});
     Scheduler s(cfg, pool);
     Request* a = s.add_request(run_of(10, 3), tokens(10), 0);
@@ -97,7 +80,7 @@ TEST_CASE("the watermark keeps its share of all blocks free next to running requ
     for (double wm : {0.25, 0.0}) {
         CAPTURE(wm);
         BlockPool pool(8, 4, true);  // caching on: queries are counted, nothing is hit
-        SchedulerConfig cfg = config(32);
+        SchedulerConfig cfg = admission_config(32);
         use_policy(cfg, {.watermark = wm});
         Scheduler s(cfg, pool);
         Request* a = s.add_request(run_of(10, 12), tokens(2), 0);
@@ -126,7 +109,7 @@ TEST_CASE("the watermark keeps its share of all blocks free next to running requ
 // must then wait for the cushion, until A is gone and the scheduler is idle.
 TEST_CASE("the watermark never keeps a request out of an idle scheduler") {
     BlockPool pool(8, 4, false);
-    SchedulerConfig cfg = config(32);
+    SchedulerConfig cfg = admission_config(32);
     use_policy(cfg, {.watermark = 0.5});
     Scheduler s(cfg, pool);
     Request* a = s.add_request(run_of(10, 20), tokens(2), 0);
@@ -157,7 +140,7 @@ TEST_CASE("prefix hits on free blocks count against free capacity") {
     for (double wm : {0.25, 0.0}) {
         CAPTURE(wm);
         BlockPool pool(12, 4, true);
-        SchedulerConfig cfg = config(48);
+        SchedulerConfig cfg = admission_config(48);
         use_policy(cfg, {.watermark = wm});
         Scheduler s(cfg, pool);
         Request* z = s.add_request(run_of(3, 16), tokens(1), 0);
@@ -205,7 +188,7 @@ TEST_CASE("the admission answer under every combination of the policy's fields")
     const SchedulerPolicy::Admit cards[] = {{6, 6, 0}, {5, 5, 0}, {10, 4, 0}};
     for (bool busy : {false, true}) {
         BlockPool pool(10, 4, false);
-        Scheduler s(config(40), pool);
+        Scheduler s(admission_config(40), pool);
         if (busy) {
             s.add_request(run_of(90, 3), tokens(30), 0);
             complete(s, s.schedule());
@@ -246,7 +229,7 @@ TEST_CASE("the admission answer under every combination of the policy's fields")
 // the watermark keeps 2 free next to A, so B waits until A is done.
 TEST_CASE("reserve and a watermark together") {
     BlockPool pool(10, 4, false);
-    SchedulerConfig cfg = config(24);
+    SchedulerConfig cfg = admission_config(24);
     use_policy(cfg, {.admission = Admission::kReserve, .watermark = 0.2});
     Scheduler s(cfg, pool);
     Request* a = s.add_request(run_of(10, 3), tokens(10), 0);

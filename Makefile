@@ -83,15 +83,15 @@ EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst l
 TOOLS    := $(patsubst tools/%.cpp,%,$(wildcard tools/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
-# The test suites build at -Og: under half of -O2's compile time, the suite
-# runs only seconds longer, and gdb can step through them. The suites whose
-# claims are about the optimized code (bit-identical logits on every SIMD level
-# and thread split, llama2.c parity) or that run engines for seconds (the
-# scheduler's scale runs, the studies) build at $(OPT) like the programs, which
-# always do. Any other OPT (the sanitizer and debug builds, `make OPT=...`)
-# applies to every suite alike; nvcc builds set their own.
+# The test suites build at -Og: under half of -O2's compile time, and gdb can
+# step through them. The suites whose claims are about the optimized code
+# (bit-identical logits on every SIMD level and thread split, llama2.c parity)
+# or that run engines for seconds in their own process (the studies') build at
+# $(OPT) like the programs, which always do. Any other OPT (the sanitizer and
+# debug builds, `make OPT=...`) applies to every suite alike; nvcc builds set
+# their own.
 TEST_OPT   ?= $(if $(filter -O2,$(OPT)),-Og)
-OPT_SUITES := test_model test_cpu_speed test_scheduler test_studies
+OPT_SUITES := test_model test_cpu_speed test_studies
 # (by the object's name: $* would be a path in test_serve.o's own rule)
 test_opt    = $(if $(filter $(OPT_SUITES),$(basename $(notdir $@))),,$(TEST_OPT))
 # doctest comes from Debian's doctest-dev. When it is not installed,

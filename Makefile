@@ -2,10 +2,11 @@
 # `make CXX=clang++` switches compilers. Output goes to build/ (or $(BUILD)).
 #
 #   make            every example and the test binary (CPU build)
+#   make programs   every program that needs only the standard library (no HTTP, no doctest)
 #   make run        the main demo
 #   make view       make run's workload recorded step by step: build/view.html (open it
 #                   in a browser, offline) and build/trace.json (open it in Perfetto)
-#   make test       build everything and run the doctest suite (doctest itself is
+#   make test       build everything and run the doctest suite, on two cores (doctest itself is
 #                   installed or fetched on first use: tests/get_doctest.sh)
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
 #   make sanitize   the library, door and fuzz suites (and the programs they run) under
@@ -112,9 +113,12 @@ HTTP_PROGRAMS := serve loadgen
 HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
 HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
-.PHONY: view view-png all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
+.PHONY: view view-png all programs run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
         exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve soak
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
+# Every program that needs only the standard library (not the HTTP example's
+# two, nor the doctest suites): what builds while CI installs the rest.
+programs: $(addprefix $(BUILD)/,$(filter-out $(HTTP_PROGRAMS),$(EXAMPLES)) $(TOOLS))
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)
@@ -178,9 +182,11 @@ serve: $(BUILD)/serve
 	./$(BUILD)/serve $(SERVE_ARGS)
 
 # The tests run the programs (llama2.c byte-for-byte check, the bad-input
-# table, the flag fuzz), so everything is built first.
+# table, the flag fuzz), so everything is built first. The suite runs as two
+# processes side by side, each a share of the test suites
+# (tests/run_suite.sh); ./build/tests alone runs it in one.
 test: all
-	./$(BUILD)/tests
+	tests/run_suite.sh ./$(BUILD)/tests
 
 # The soak alone (tests/test_serve_edge.cpp, suite "soak"; about 10 s here).
 soak: $(BUILD)/tests $(BUILD)/serve

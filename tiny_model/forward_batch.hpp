@@ -72,8 +72,8 @@ struct ForwardBatch {
         const size_t at = block_tables.size();
         block_tables.resize(at + (size_t)max_blocks_per_seq);
         int32_t* row = block_tables.data() + at;
-        std::memcpy(row, table.data(), table.size() * sizeof(int32_t));
-        std::memset(row + table.size(), 0xff, ((size_t)max_blocks_per_seq - table.size()) * sizeof(int32_t));
+        std::copy(table.begin(), table.end(), row);
+        if (const size_t pad = (size_t)max_blocks_per_seq - table.size()) std::memset(row + table.size(), 0xff, pad * sizeof(int32_t));
         for (int i = 0; i < n; ++i) {
             token_ids.push_back(tokens[i]);
             positions.push_back(first_pos + i);

@@ -2,7 +2,6 @@
 # `make CXX=clang++` switches compilers. Output goes to build/ (or $(BUILD)).
 #
 #   make            every example and the test binary (CPU build)
-#   make programs   every program that needs only the standard library (no HTTP, no doctest)
 #   make run        the main demo
 #   make view       make run's workload recorded step by step: build/view.html (open it
 #                   in a browser, offline) and build/trace.json (open it in Perfetto)
@@ -113,12 +112,9 @@ HTTP_PROGRAMS := serve loadgen
 HTTP_CFLAGS   = $$(cat $(DEPS)/http.flags)
 HTTP_LIBS     = $$(cat $(DEPS)/http.libs)
 
-.PHONY: view view-png all programs run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
+.PHONY: view view-png all run test debug sanitize tsan bench cuda studies plots clean check-doctest check-headers check-docs docs \
         exercises exercise grade kit-selftest vs-runc check-clang check-httpdeps serve tsan-serve soak
 all: $(addprefix $(BUILD)/,$(EXAMPLES) $(TOOLS)) $(BUILD)/tests
-# Every program that needs only the standard library (not the HTTP example's
-# two, nor the doctest suites): what builds while CI installs the rest.
-programs: $(addprefix $(BUILD)/,$(filter-out $(HTTP_PROGRAMS),$(EXAMPLES)) $(TOOLS))
 
 $(BUILD)/%: examples/%.cpp $(HEADERS)
 	@mkdir -p $(@D)

@@ -5,7 +5,7 @@
 #   make run        the main demo
 #   make view       make run's workload recorded step by step: build/view.html (open it
 #                   in a browser, offline) and build/trace.json (open it in Perfetto)
-#   make test       build everything and run the doctest suite (doctest itself is
+#   make test       build everything and run the doctest suite, on two cores (doctest itself is
 #                   installed or fetched on first use: tests/get_doctest.sh)
 #   make debug      the same programs at -O0 -g in build/debug (for gdb)
 #   make sanitize   the library, door and fuzz suites (and the programs they run) under
@@ -83,15 +83,15 @@ EXAMPLES := $(patsubst examples/%.cpp,%,$(wildcard examples/*.cpp)) $(patsubst l
 TOOLS    := $(patsubst tools/%.cpp,%,$(wildcard tools/*.cpp))
 TEST_SRCS := $(wildcard tests/*.cpp)
 TEST_OBJS := $(patsubst tests/%.cpp,$(BUILD)/obj/tests/%.o,$(TEST_SRCS))
-# The test suites build at -Og: under half of -O2's compile time, the suite
-# runs only seconds longer, and gdb can step through them. The suites whose
-# claims are about the optimized code (bit-identical logits on every SIMD level
-# and thread split, llama2.c parity) or that run engines for seconds (the
-# scheduler's scale runs, the studies) build at $(OPT) like the programs, which
-# always do. Any other OPT (the sanitizer and debug builds, `make OPT=...`)
-# applies to every suite alike; nvcc builds set their own.
+# The test suites build at -Og: under half of -O2's compile time, and gdb can
+# step through them. The suites whose claims are about the optimized code
+# (bit-identical logits on every SIMD level and thread split, llama2.c parity)
+# or that run engines for seconds in their own process (the studies') build at
+# $(OPT) like the programs, which always do. Any other OPT (the sanitizer and
+# debug builds, `make OPT=...`) applies to every suite alike; nvcc builds set
+# their own.
 TEST_OPT   ?= $(if $(filter -O2,$(OPT)),-Og)
-OPT_SUITES := test_model test_cpu_speed test_scheduler test_studies
+OPT_SUITES := test_model test_cpu_speed test_studies
 # (by the object's name: $* would be a path in test_serve.o's own rule)
 test_opt    = $(if $(filter $(OPT_SUITES),$(basename $(notdir $@))),,$(TEST_OPT))
 # doctest comes from Debian's doctest-dev. When it is not installed,
@@ -178,9 +178,11 @@ serve: $(BUILD)/serve
 	./$(BUILD)/serve $(SERVE_ARGS)
 
 # The tests run the programs (llama2.c byte-for-byte check, the bad-input
-# table, the flag fuzz), so everything is built first.
+# table, the flag fuzz), so everything is built first. The suite runs as two
+# processes side by side, each a share of the test suites
+# (tests/run_suite.sh); ./build/tests alone runs it in one.
 test: all
-	./$(BUILD)/tests
+	tests/run_suite.sh ./$(BUILD)/tests
 
 # The soak alone (tests/test_serve_edge.cpp, suite "soak"; about 10 s here).
 soak: $(BUILD)/tests $(BUILD)/serve

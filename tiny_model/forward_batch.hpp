@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,8 +66,14 @@ struct ForwardBatch {
             throw std::logic_error("add_sequence: block table too short for its tokens");
         const int seq = num_seqs_++;
         if ((int)table.size() > max_blocks_per_seq) repad((int)table.size());
-        block_tables.insert(block_tables.end(), table.begin(), table.end());
-        block_tables.insert(block_tables.end(), (size_t)max_blocks_per_seq - table.size(), -1);
+        // The row: the table, then -1 up to the common width. -1 is every bit
+        // set, so memset writes the padding at memory speed (a batch of
+        // hundreds of long rows is mostly padding).
+        const size_t at = block_tables.size();
+        block_tables.resize(at + (size_t)max_blocks_per_seq);
+        int32_t* row = block_tables.data() + at;
+        std::copy(table.begin(), table.end(), row);
+        if (const size_t pad = (size_t)max_blocks_per_seq - table.size()) std::memset(row + table.size(), 0xff, pad * sizeof(int32_t));
         for (int i = 0; i < n; ++i) {
             token_ids.push_back(tokens[i]);
             positions.push_back(first_pos + i);

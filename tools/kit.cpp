@@ -1408,7 +1408,7 @@ private:
         // thirds of -O1's time. The ThreadSanitizer check keeps -O1, where
         // TSan's runs are faster.
         std::vector<std::string> flags = {"-std=c++20", "-ffp-contract=off", "-Wno-unknown-pragmas", tsan ? "-O1" : "-Og"};
-        if (tsan) flags.insert(flags.end(), {"-g", "-fsanitize=thread"});
+        if (tsan) flags.insert(flags.end(), {"-g1", "-fsanitize=thread"});  // line tables: all a report prints
         flags.insert(flags.end(), doctest_.begin(), doctest_.end());
         const fs::path main_src = dir / "tests/exercises/main.cpp";
         Hash mh;

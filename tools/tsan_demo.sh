@@ -21,7 +21,7 @@
 #      statement is not there, it stops and says so (the demo then needs the
 #      same update as the kernel);
 #   3. builds the kernel tests in the copy as `make tsan` builds them
-#      (tests/main.cpp + tests/test_kernels.cpp, -O1 -g -fsanitize=thread); the
+#      (tests/main.cpp + tests/test_kernels.cpp, -O1 -g1 -fsanitize=thread); the
 #      binary is kept in build/tsan_demo/HASH/, HASH naming the copied sources
 #      and the compiler, so a second run with the same sources skips the build;
 #   4. runs the paged-attention test with TSAN_OPTIONS=halt_on_error=1, so
@@ -70,7 +70,7 @@ sed -n "$((at - 2)),$((at + 2))p" "$root/paged_kv.cuh" | awk -v mid=3 '{ printf 
 
 # 3. The build, reused when the same sources were built before. The hash
 # covers every file the kernel tests can include, and the compiler.
-flags=(-O1 -g -fsanitize=thread -std=c++20 -Wall -Wextra -Werror -ffp-contract=off -Wno-unknown-pragmas -I.
+flags=(-O1 -g1 -fsanitize=thread -std=c++20 -Wall -Wextra -Werror -ffp-contract=off -Wno-unknown-pragmas -I.
        ${DOCTEST_INC:+-I"$DOCTEST_INC"} -isystem "$root/build/deps/include")
 key=$( (cd "$work" && cat ./*.hpp ./*.cuh core/* tiny_model/* lab/*.hpp lab/*.cuh tests/*.hpp tests/main.cpp tests/test_kernels.cpp examples/*.hpp 2>/dev/null; "$CXX" --version; echo "${flags[*]}") | sha256sum | cut -c1-16)
 cache="$root/build/tsan_demo"

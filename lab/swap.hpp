@@ -151,27 +151,22 @@ public:
                                         format_bytes(host_memory_bytes()) + " of host memory: lower the swap space");
         // Pinned only where a GPU copies from it: a CUDA build without a
         // GPU (CI's) runs CPU and emulated runners, and cudaMallocHost fails.
-        if (on_device_) {
-            pinned_ = std::make_unique<PinnedHostBuffer>((size_t)bytes);
-            data_ = pinned_->data();
-        } else {
-            plain_.resize((size_t)bytes);
-            data_ = plain_.data();
-        }
+        if (on_device_) pinned_ = std::make_unique<PinnedHostBuffer>((size_t)bytes);
+        else plain_.resize((size_t)bytes);
     }
     void copy_out(const BlockSlotPairs& pairs) override { copy(pairs, true); }
     void copy_in(const BlockSlotPairs& pairs) override { copy(pairs, false); }
     uint64_t bytes_per_block() const override { return geo_.bytes_per_block(); }
-    // Slot `slot`'s bytes (a test compares them with the cache's).
-    const unsigned char* slot(int32_t s) const { return data_ + swap_slot_offset(geo_, s, 0, 0); }
 
 private:
+    // The swap space: whichever of the two buffers below holds it.
+    unsigned char* host() { return pinned_ ? pinned_->data() : plain_.data(); }
     void copy(const BlockSlotPairs& pairs, bool out) {
         auto host_copy = [](void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); };
         for (const auto& [block, slot] : pairs)
             for (int l = 0; l < geo_.num_layers; ++l)
                 for (int kv = 0; kv < 2; ++kv) {
-                    unsigned char* host = data_ + swap_slot_offset(geo_, slot, l, kv);
+                    unsigned char* host = this->host() + swap_slot_offset(geo_, slot, l, kv);
                     if (on_device_) copy_block_part(geo_, runner_.kv_view(l, kv), block, host, out, copy_async);
                     else copy_block_part(geo_, runner_.kv_view(l, kv), block, host, out, host_copy);
                 }
@@ -182,7 +177,6 @@ private:
     bool on_device_;                            // the cache is in device memory (a CUDA GpuRunner)
     std::unique_ptr<PinnedHostBuffer> pinned_;  // [num_slots, bytes_per_block] host swap space, on a GPU
     std::vector<unsigned char> plain_;          // [num_slots, bytes_per_block] the same, otherwise
-    unsigned char* data_ = nullptr;             // whichever of the two holds it
 };
 
 // ============================================================================

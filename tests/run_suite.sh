@@ -3,13 +3,14 @@
 # binary (BIN, build/tests): on two cores, as two processes side by side.
 #
 # The suite is one binary, and doctest runs its test cases one after another,
-# so on its own it keeps one core busy. Five suites take half of its time (the
-# simulator's, the soak, the viewer's browser test, the studies', the bad-input
-# table and fuzz); the first process runs the suites named in HEAVY below, the
-# second every other one (doctest's -ts and -tse, on the same list), so no test
-# is left out or run twice, and one added later runs in the second. Each
-# process's report is printed whole, the first's then the second's, and a last
-# line adds them up; the exit status is 0 only if both passed.
+# so on its own it keeps one core busy. Alone, the suites named in HEAVY below
+# (the simulator's, the soak, the bad-input table and fuzz, the server's) take
+# about as long as all the others together (the viewer's browser test and the
+# studies' among them): the first process runs HEAVY, the second every other
+# suite (doctest's -ts and -tse, on the same list), so no test is left out or
+# run twice, and one added later runs in the second. Each process's report is
+# printed whole, the first's then the second's, and a last line adds them up;
+# the exit status is 0 only if both passed.
 #
 # One process, as before, when this machine has one core or when arguments are
 # given (a filter such as -ts=kernels picks its own tests: run it as asked).

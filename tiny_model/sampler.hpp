@@ -41,9 +41,9 @@ struct SamplingParams {
     std::vector<int32_t> stop_token_ids;  // besides EOS
     bool ignore_eos = false;
     // Synthetic workloads only: stop after this many output tokens, as if the
-    // model had emitted EOS there (0 = never). A random model (or
-    // lab/'s stand-ins for one) never says EOS on cue, and a study of admission needs
-    // requests that end before their max_tokens, as real answers do.
+    // model had emitted EOS there (0 = never). A random model (or lab/'s
+    // stand-ins for one) never says EOS on cue, and a study of admission
+    // needs requests that end before their max_tokens, as real answers do.
     // Admission looks only at max_tokens.
     int stop_after_tokens = 0;
 };
